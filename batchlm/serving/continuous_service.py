@@ -1,0 +1,168 @@
+"""Continuous batching behind a decoupled Triton model: one engine thread steps per decode iteration.
+
+`submit()` runs on Triton's execute thread and only enqueues; the engine thread owns the LLMEngine:
+each turn it admits new requests, aborts cancelled ones, runs one `step()` and sends what it produced.
+`close()` stops the thread and fails every pending request with UNAVAILABLE, so unload and shutdown
+are prompt and no request is dropped silently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+
+from batchlm.engine import LLMEngine
+from batchlm.errors import InvalidArgument
+from batchlm.request_output import RequestOutput
+from batchlm.serving import triton_io
+from batchlm.serving.metrics import ModelMetrics
+from batchlm.serving.request_schema import GenerateRequest
+
+
+@dataclass
+class _Active:
+    """A request the engine thread is serving: where to send, what is buffered, when it arrived."""
+
+    request: GenerateRequest
+    sender: object
+    arrival: float
+    text: list[str] = field(default_factory=list)  # buffered text when not streaming
+    first_token_seen: bool = False
+
+
+class ContinuousBatchingService:
+    def __init__(self, engine: LLMEngine, metrics: ModelMetrics, max_waiting: int) -> None:
+        self._engine = engine
+        self._metrics = metrics
+        self._max_waiting = max_waiting
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._inbox: list[tuple[str, _Active]] = []  # guarded by _lock
+        self._closed = False  # guarded by _lock
+        self._active: dict[str, _Active] = {}  # owned by the engine thread
+        self._engine_waiting = 0  # engine's waiting count after the last step, guarded by _lock
+        self._thread = threading.Thread(target=self._run, name="batchlm-engine", daemon=True)
+        self._thread.start()
+
+    # -- Triton's execute thread ------------------------------------------------------------
+    def submit(self, raw_request) -> None:
+        """Parse and enqueue one request; errors are answered at once on its response sender."""
+        sender = raw_request.get_response_sender()
+        arrival = time.monotonic()
+        try:
+            request = triton_io.parse_request(raw_request)
+        except InvalidArgument as exc:
+            triton_io.send_final(sender, triton_io.error_response(exc))
+            return
+        with self._lock:
+            if self._closed:
+                error = triton_io.Unavailable("continuous_batching is unloading; retry later")
+            elif len(self._inbox) + self._engine_waiting >= self._max_waiting:
+                error = triton_io.Unavailable(
+                    f"continuous_batching is overloaded: {self._max_waiting} requests already waiting")
+            else:
+                error = None
+                self._inbox.append((f"req-{next(self._ids)}", _Active(request, sender, arrival)))
+                self._wake.notify()
+        if error is not None:
+            triton_io.send_final(sender, triton_io.error_response(error))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread; fail what is still pending with UNAVAILABLE."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout)
+        with self._lock:
+            pending = self._inbox
+            self._inbox = []
+        pending += list(self._active.items())
+        self._active.clear()
+        error = triton_io.Unavailable("continuous_batching was unloaded before the request finished")
+        for _, active in pending:
+            triton_io.send_final_quietly(active.sender, triton_io.error_response(error))
+
+    # -- the engine thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and not self._inbox and not self._engine.has_unfinished():
+                    self._metrics.record_idle()
+                    self._wake.wait(timeout=0.5)
+                if self._closed:
+                    return
+                incoming, self._inbox = self._inbox, []
+            self._admit(incoming)
+            self._abort_cancelled()
+            try:
+                if self._engine.has_unfinished():
+                    self._step()
+            except Exception as exc:  # noqa: BLE001 - fail the batch, keep the server serving
+                self._fail_all(exc)
+            self._record_queue()
+
+    def _admit(self, incoming: list[tuple[str, _Active]]) -> None:
+        for request_id, active in incoming:
+            try:
+                self._engine.add_request(request_id, active.request.prompt, active.request.params)
+            except InvalidArgument as exc:
+                triton_io.send_final_quietly(active.sender, triton_io.error_response(exc))
+                continue
+            self._active[request_id] = active
+
+    def _abort_cancelled(self) -> None:
+        for request_id, active in list(self._active.items()):
+            if active.sender.is_cancelled():
+                self._engine.abort_request(request_id)
+
+    def _step(self) -> None:
+        outputs = self._engine.step()
+        stats = self._engine.stats()
+        now = time.monotonic()
+        new_tokens = 0
+        for out in outputs:
+            new_tokens += len(out.token_ids)
+            active = self._active.get(out.request_id)
+            if active is not None:
+                self._deliver(out, active, now)
+        self._metrics.record_step(stats.last_num_seqs, new_tokens)
+
+    def _record_queue(self) -> None:
+        stats = self._engine.stats()
+        with self._lock:
+            self._engine_waiting = stats.num_waiting
+            waiting = stats.num_waiting + len(self._inbox)
+        self._metrics.record_queue(waiting, stats.num_running, stats.kv_blocks_used, stats.kv_blocks_total)
+
+    def _fail_all(self, exc: Exception) -> None:
+        triton_io.log_error(f"engine step failed, failing {len(self._active)} requests: {exc!r}")
+        for request_id, active in list(self._active.items()):
+            self._engine.abort_request(request_id)
+            triton_io.send_final_quietly(active.sender, triton_io.error_response(exc))
+        self._active.clear()
+
+    def _deliver(self, out: RequestOutput, active: _Active, now: float) -> None:
+        if out.token_ids and not active.first_token_seen:
+            active.first_token_seen = True
+            self._metrics.record_first_token(now - active.arrival)
+        if out.finished:
+            del self._active[out.request_id]
+        if active.sender.is_cancelled():
+            if out.finished:
+                triton_io.send_final_quietly(active.sender, None)
+            return
+        if active.request.stream:
+            if out.text or out.finished:
+                response = triton_io.output_response(out, out.text, batched=False)
+                if out.finished:
+                    triton_io.send_final(active.sender, response)
+                else:
+                    active.sender.send(response)
+            return
+        active.text.append(out.text)
+        if out.finished:
+            triton_io.send_final(active.sender, triton_io.output_response(out, "".join(active.text), False))
+

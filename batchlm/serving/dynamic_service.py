@@ -1,0 +1,59 @@
+"""Dynamic batching behind a plain (not decoupled) Triton model.
+
+Triton's dynamic batcher decides which requests form a batch (full, or the oldest waited
+`max_queue_delay_microseconds`); `execute()` runs that batch to completion, so each request in it is
+answered when the longest one finishes. Invalid requests are answered with an error in place and do not
+disturb the others.
+"""
+
+from __future__ import annotations
+
+from batchlm.batch_generator import BatchGenerator
+from batchlm.errors import InvalidArgument
+from batchlm.serving import triton_io
+from batchlm.serving.metrics import ModelMetrics
+
+
+class DynamicBatchingService:
+    def __init__(self, generator: BatchGenerator, metrics: ModelMetrics, model_name: str) -> None:
+        self._generator = generator
+        self._metrics = metrics
+        self._name = model_name
+
+    def execute(self, raw_requests: list) -> list:
+        """One response per request, in order."""
+        responses: list = [None] * len(raw_requests)
+        batch: list[tuple[int, object]] = []
+        for i, raw in enumerate(raw_requests):
+            try:
+                request = triton_io.parse_request(raw)
+                if request.stream:
+                    raise InvalidArgument("stream", f"{self._name} cannot stream: it is not decoupled and "
+                                          "answers once per request; use continuous_batching for stream=true")
+                self._generator.check_fits(request.prompt, request.params)
+            except InvalidArgument as exc:
+                responses[i] = triton_io.error_response(exc)
+                continue
+            batch.append((i, request))
+        if batch:
+            self._run(batch, responses)
+        return responses
+
+    def _run(self, batch: list, responses: list) -> None:
+        self._metrics.record_queue(0, len(batch), *self._generator.kv_usage())
+        try:
+            outputs = self._generator.generate([(r.prompt, r.params) for _, r in batch], on_step=self._on_step)
+        except Exception as exc:  # noqa: BLE001 - answer every request of the batch, keep serving
+            triton_io.log_error(f"{self._name}: batch failed: {exc!r}")
+            for i, _ in batch:
+                responses[i] = triton_io.error_response(exc)
+            return
+        finally:
+            self._metrics.record_idle()
+            self._metrics.record_queue(0, 0, *self._generator.kv_usage())
+        for (i, _), out in zip(batch, outputs):
+            responses[i] = triton_io.output_response(out, out.text, batched=True)
+
+    def _on_step(self, num_sequences: int, new_tokens: int) -> None:
+        self._metrics.record_step(num_sequences, new_tokens)
+        self._metrics.record_queue(0, num_sequences, *self._generator.kv_usage())

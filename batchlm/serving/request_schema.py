@@ -1,0 +1,126 @@
+"""The one request schema shared by every model in the repository.
+
+Input and output names follow Triton's LLM backends (vLLM, TensorRT-LLM), so existing client code
+works. This module is pure (numpy only): it turns the arrays a Triton request carries into a
+`GenerateRequest`, and fails with `InvalidArgument` naming the field on anything malformed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchlm.errors import InvalidArgument
+from batchlm.sampling import SamplingParams
+
+# name -> (Triton data type, required)
+INPUTS: dict[str, tuple[str, bool]] = {
+    "text_input": ("TYPE_STRING", True),
+    "max_tokens": ("TYPE_INT32", True),
+    "temperature": ("TYPE_FP32", False),
+    "top_k": ("TYPE_INT32", False),
+    "top_p": ("TYPE_FP32", False),
+    "seed": ("TYPE_UINT64", False),
+    "stop": ("TYPE_STRING", False),
+    "ignore_eos": ("TYPE_BOOL", False),
+    "stream": ("TYPE_BOOL", False),
+}
+OUTPUTS: dict[str, str] = {
+    "text_output": "TYPE_STRING",
+    "finish_reason": "TYPE_STRING",
+    "num_input_tokens": "TYPE_INT32",
+    "num_output_tokens": "TYPE_INT32",
+}
+
+MAX_PROMPT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One parsed, validated generation request."""
+
+    prompt: str
+    params: SamplingParams
+    stream: bool
+
+
+def parse_inputs(inputs: Mapping[str, np.ndarray]) -> GenerateRequest:
+    """Validate a request's input arrays (any shape holding the right count of elements).
+
+    Raises:
+        InvalidArgument: a required input is missing, a value has the wrong count, type or range.
+    """
+    for name in inputs:
+        if name not in INPUTS:
+            raise InvalidArgument(name, f"unknown input; expected one of {sorted(INPUTS)}")
+    for name, (_, required) in INPUTS.items():
+        if required and name not in inputs:
+            raise InvalidArgument(name, "is required")
+
+    prompt = _text(_scalar(inputs, "text_input"), "text_input")
+    if not prompt:
+        raise InvalidArgument("text_input", "must not be empty")
+    if len(prompt.encode()) > MAX_PROMPT_BYTES:
+        raise InvalidArgument("text_input", f"is longer than {MAX_PROMPT_BYTES} bytes")
+
+    params: dict[str, object] = {"max_tokens": _int(inputs, "max_tokens")}
+    if "temperature" in inputs:
+        params["temperature"] = _float(inputs, "temperature")
+    if "top_k" in inputs:
+        params["top_k"] = _int(inputs, "top_k")
+    if "top_p" in inputs:
+        params["top_p"] = _float(inputs, "top_p")
+    if "seed" in inputs:
+        params["seed"] = _int(inputs, "seed")
+    if "stop" in inputs:
+        stops = np.asarray(inputs["stop"]).reshape(-1)
+        params["stop"] = tuple(_text(s, "stop") for s in stops if _text(s, "stop"))
+    if "ignore_eos" in inputs:
+        params["ignore_eos"] = _bool(inputs, "ignore_eos")
+    stream = _bool(inputs, "stream") if "stream" in inputs else False
+    # SamplingParams validates ranges and raises InvalidArgument naming the field.
+    return GenerateRequest(prompt=prompt, params=SamplingParams(**params), stream=stream)
+
+
+def _scalar(inputs: Mapping[str, np.ndarray], name: str):
+    flat = np.asarray(inputs[name]).reshape(-1)
+    if flat.size != 1:
+        raise InvalidArgument(name, f"must hold exactly one value, got {flat.size}")
+    return flat[0]
+
+
+def _text(value, name: str) -> str:
+    if isinstance(value, (bytes, np.bytes_)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidArgument(name, "is not valid UTF-8") from None
+    if isinstance(value, str):
+        return value
+    raise InvalidArgument(name, f"must be a string, got {type(value).__name__}")
+
+
+def _int(inputs: Mapping[str, np.ndarray], name: str) -> int:
+    value = _scalar(inputs, name)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgument(name, f"must be an integer, got {np.asarray(value).dtype}")
+    return int(value)
+
+
+def _float(inputs: Mapping[str, np.ndarray], name: str) -> float:
+    value = _scalar(inputs, name)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (float, int, np.floating, np.integer)):
+        raise InvalidArgument(name, f"must be a number, got {np.asarray(value).dtype}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise InvalidArgument(name, "must be finite")
+    return value
+
+
+def _bool(inputs: Mapping[str, np.ndarray], name: str) -> bool:
+    value = _scalar(inputs, name)
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgument(name, f"must be a boolean, got {np.asarray(value).dtype}")
+    return bool(value)

@@ -1,0 +1,40 @@
+"""Typed view of a model's `config.pbtxt` parameters: what the Triton adapter needs, plus the engine's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchlm.engine_config import EngineConfig
+from batchlm.errors import InvalidArgument
+
+SERVING_KEYS = ("model_dir", "batch_size", "max_waiting")
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    model_dir: str  # checkpoint folder, absolute or relative to the project root
+    batch_size: int  # static batching only: requests per batch
+    max_waiting: int  # requests held before new ones are refused with UNAVAILABLE
+    engine: EngineConfig  # everything else in `parameters`
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> "ServingConfig":
+        """Parse string parameters; unknown keys and bad values raise naming the key."""
+        rest = {k: v for k, v in params.items() if k not in SERVING_KEYS}
+        return cls(
+            model_dir=params.get("model_dir", "models/default"),
+            batch_size=_positive_int(params, "batch_size", 8),
+            max_waiting=_positive_int(params, "max_waiting", 64),
+            engine=EngineConfig.from_parameters(rest, strict=True),
+        )
+
+
+def _positive_int(params: dict[str, str], key: str, default: int) -> int:
+    raw = params.get(key, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(key, f"must be an integer, got {raw!r}") from None
+    if value < 1:
+        raise InvalidArgument(key, f"must be >= 1, got {value}")
+    return value

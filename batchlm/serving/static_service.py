@@ -1,0 +1,108 @@
+"""Static batching behind a decoupled Triton model: hold requests until a full batch is waiting.
+
+`submit()` (Triton's execute thread) parks each request; when `batch_size` are parked, they go to the
+worker thread as one batch, which runs to completion and answers every request when the slowest is done.
+There is no timer: an incomplete batch waits, which is what static batching is. `close()` answers parked
+requests with UNAVAILABLE, lets a running batch finish, and stops the worker.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from batchlm.batch_generator import BatchGenerator
+from batchlm.errors import InvalidArgument
+from batchlm.serving import triton_io
+from batchlm.serving.metrics import ModelMetrics
+from batchlm.serving.request_schema import GenerateRequest
+
+_STOP = object()
+
+
+class StaticBatchingService:
+    def __init__(self, generator: BatchGenerator, metrics: ModelMetrics, batch_size: int,
+                 max_waiting: int, model_name: str) -> None:
+        self._generator = generator
+        self._metrics = metrics
+        self._batch_size = batch_size
+        self._max_waiting = max_waiting
+        self._name = model_name
+        self._lock = threading.Lock()
+        self._parked: list[tuple[GenerateRequest, object]] = []  # guarded by _lock
+        self._closed = False  # guarded by _lock
+        self._batches: queue.Queue = queue.Queue()
+        self._running = 0  # rows in the batch being run, read for metrics only
+        self._worker = threading.Thread(target=self._run, name="batchlm-static", daemon=True)
+        self._worker.start()
+
+    def submit(self, raw_request) -> None:
+        """Park one request, and release a batch when `batch_size` are parked."""
+        sender = raw_request.get_response_sender()
+        try:
+            request = triton_io.parse_request(raw_request)
+            if request.stream:
+                raise InvalidArgument("stream", f"{self._name} cannot stream: it answers when the whole "
+                                      "batch is done; use continuous_batching for stream=true")
+            self._generator.check_fits(request.prompt, request.params)
+        except InvalidArgument as exc:
+            triton_io.send_final(sender, triton_io.error_response(exc))
+            return
+        error = None
+        with self._lock:
+            self._parked = [(r, s) for r, s in self._parked if not s.is_cancelled()]
+            if self._closed:
+                error = triton_io.Unavailable(f"{self._name} is unloading; retry later")
+            elif len(self._parked) + self._batches.qsize() * self._batch_size >= self._max_waiting:
+                error = triton_io.Unavailable(
+                    f"{self._name} is overloaded: {self._max_waiting} requests already waiting")
+            else:
+                self._parked.append((request, sender))
+                if len(self._parked) >= self._batch_size:
+                    batch, self._parked = self._parked[: self._batch_size], self._parked[self._batch_size:]
+                    self._batches.put(batch)
+            waiting = len(self._parked) + self._batches.qsize() * self._batch_size
+        if error is not None:
+            triton_io.send_final(sender, triton_io.error_response(error))
+        self._metrics.record_queue(waiting, self._running, *self._generator.kv_usage())
+
+    def close(self, timeout: float = 60.0) -> None:
+        with self._lock:
+            self._closed = True
+            parked, self._parked = self._parked, []
+        error = triton_io.Unavailable(f"{self._name} was unloaded before a full batch of "
+                                      f"{self._batch_size} requests arrived")
+        for _, sender in parked:
+            triton_io.send_final_quietly(sender, triton_io.error_response(error))
+        self._batches.put(_STOP)
+        self._worker.join(timeout)
+
+    def _run(self) -> None:
+        while (batch := self._batches.get()) is not _STOP:
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list[tuple[GenerateRequest, object]]) -> None:
+        self._running = len(batch)
+        start = time.monotonic()
+        try:
+            outputs = self._generator.generate(
+                [(r.prompt, r.params) for r, _ in batch], on_step=self._on_step)
+        except Exception as exc:  # noqa: BLE001 - answer every request of the batch, keep serving
+            triton_io.log_error(f"{self._name}: batch failed: {exc!r}")
+            for _, sender in batch:
+                triton_io.send_final_quietly(sender, triton_io.error_response(exc))
+            return
+        finally:
+            self._running = 0
+            self._metrics.record_idle()
+        for (_, sender), out in zip(batch, outputs):
+            response = None if sender.is_cancelled() else triton_io.output_response(out, out.text, False)
+            triton_io.send_final_quietly(sender, response)
+        triton_io.log_verbose(f"{self._name}: batch of {len(batch)} in {time.monotonic() - start:.2f}s")
+
+    def _on_step(self, num_sequences: int, new_tokens: int) -> None:
+        self._metrics.record_step(num_sequences, new_tokens)
+        with self._lock:
+            waiting = len(self._parked) + self._batches.qsize() * self._batch_size
+        self._metrics.record_queue(waiting, self._running, *self._generator.kv_usage())

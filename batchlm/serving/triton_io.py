@@ -1,0 +1,109 @@
+"""Triton Python-backend glue shared by every model.py: read requests, build responses and errors,
+read `config.pbtxt` parameters. Imported only inside the backend stub (needs triton_python_backend_utils).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from batchlm.errors import InvalidArgument
+from batchlm.request_output import RequestOutput
+from batchlm.serving.request_schema import INPUTS, GenerateRequest, parse_inputs
+from batchlm.serving.serving_config import ServingConfig
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def model_config(args: dict) -> dict:
+    return json.loads(args["model_config"])
+
+
+def parameters(config: dict) -> dict[str, str]:
+    """`parameters { key: "..." value: { string_value: "..." } }` as a plain dict."""
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def resolve_model_dir(value: str) -> Path:
+    """A checkpoint folder: absolute, or relative to the project root (where `models/` lies)."""
+    path = Path(value)
+    path = path if path.is_absolute() else PROJECT_ROOT / path
+    if not (path / "config.json").exists():
+        raise ValueError(f"parameter model_dir: no checkpoint at {path} (run `make setup`)")
+    return path
+
+
+def parse_request(request) -> GenerateRequest:
+    """Parse one pb_utils.InferenceRequest; raises InvalidArgument naming the field."""
+    inputs = {}
+    for name in INPUTS:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None:
+            inputs[name] = tensor.as_numpy()
+    return parse_inputs(inputs)
+
+
+def output_response(out: RequestOutput, text: str, batched: bool) -> "pb_utils.InferenceResponse":
+    """A response carrying `text` and the counters of `out`; `batched` adds the batch dimension."""
+    shape = (1, 1) if batched else (1,)
+    reason = out.finish_reason.value if out.finish_reason is not None else ""
+    tensors = [
+        pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_).reshape(shape)),
+        pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_).reshape(shape)),
+        pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], np.int32).reshape(shape)),
+        pb_utils.Tensor("num_output_tokens", np.array([out.num_output_tokens], np.int32).reshape(shape)),
+    ]
+    return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def error_response(exc: BaseException) -> "pb_utils.InferenceResponse":
+    """INVALID_ARG for bad input, UNAVAILABLE for overload/shutdown, INTERNAL otherwise."""
+    return pb_utils.InferenceResponse(error=triton_error(exc))
+
+
+def triton_error(exc: BaseException) -> "pb_utils.TritonError":
+    if isinstance(exc, InvalidArgument):
+        return pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+    if isinstance(exc, Unavailable):
+        return pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE)
+    return pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+
+
+class Unavailable(RuntimeError):
+    """The model cannot take the request now (queue full, unloading); the client may retry."""
+
+
+def send_final(sender, response) -> None:
+    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def log_error(message: str) -> None:
+    pb_utils.Logger.log_error(message)
+
+
+def log_verbose(message: str) -> None:
+    pb_utils.Logger.log_verbose(message)
+
+
+def send_final_quietly(sender, response) -> None:
+    """Final send to a client that may be gone; a failure is logged, never raised into a worker."""
+    try:
+        if response is None:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        else:
+            send_final(sender, response)
+    except Exception as exc:  # noqa: BLE001 - the client is gone; log it, keep the thread alive
+        log_error(f"could not send a final response: {exc!r}")
+
+
+def load_serving_config(args: dict, decoupled: bool) -> tuple[str, ServingConfig, Path]:
+    """Model name, typed parameters and checkpoint folder; fails loudly on a wrong config."""
+    config = model_config(args)
+    name = config["name"]
+    if pb_utils.using_decoupled_model_transaction_policy(config) != decoupled:
+        raise ValueError(f"{name}: model_transaction_policy.decoupled must be {str(decoupled).lower()}")
+    serving = ServingConfig.from_parameters(parameters(config))
+    return name, serving, resolve_model_dir(serving.model_dir)

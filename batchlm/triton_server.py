@@ -1,0 +1,221 @@
+"""Start, probe and stop a real `tritonserver` process over a model repository.
+
+Used by the serve command, the test fixtures and the benchmarks. It never leaves an orphan behind: the
+server runs in its own process session, and `stop()` ends the server and every Python backend stub it
+started, even when the server hangs on shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where a tritonserver binary and its backends live."""
+
+    binary: Path
+    backend_dir: Path
+    lib_dir: Path | None = None  # extra LD_LIBRARY_PATH entry (the extracted wheel's libraries)
+
+    @classmethod
+    def find(cls) -> "TritonInstall":
+        """$TRITON_HOME, then the project's extracted `.triton/`, then a `tritonserver` on PATH (NGC)."""
+        home = os.environ.get("TRITON_HOME")
+        candidates = [Path(home)] if home else []
+        candidates.append(PROJECT_ROOT / ".triton")
+        for base in candidates:
+            if (base / "bin" / "tritonserver").exists():
+                lib = base / "lib"
+                return cls(base / "bin" / "tritonserver", base / "backends", lib if lib.is_dir() else None)
+        on_path = shutil.which("tritonserver")
+        if on_path and Path("/opt/tritonserver/backends").is_dir():
+            return cls(Path(on_path), Path("/opt/tritonserver/backends"))
+        raise FileNotFoundError(
+            "no tritonserver found: run `make setup` (extracts one into .triton/) or set TRITON_HOME"
+        )
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process. Use as a context manager, or call start()/stop()."""
+
+    model_repository: Path = DEFAULT_REPOSITORY
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    log_path: Path | None = None
+    extra_args: tuple[str, ...] = ()
+    install: TritonInstall | None = None
+    process: subprocess.Popen | None = field(default=None, init=False)
+    _log_file: object = field(default=None, init=False, repr=False)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        install = self.install or TritonInstall.find()
+        return [
+            str(install.binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={install.backend_dir}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            "--exit-timeout-secs=15",
+            *self.extra_args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: the stub must run this interpreter's environment (venv)."""
+        install = self.install or TritonInstall.find()
+        env = dict(os.environ)
+        venv_bin = str(Path(sys.executable).parent)
+        env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+        if sys.prefix != sys.base_prefix:
+            env["VIRTUAL_ENV"] = sys.prefix
+        if install.lib_dir is not None:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (str(install.lib_dir), env.get("LD_LIBRARY_PATH", "")) if p
+            )
+        # NOTE: keep Python from writing __pycache__ next to shared code (Triton treats every
+        # folder in the repository as a model).
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        return env
+
+    def start(self, timeout: float = 180.0) -> "TritonServer":
+        """Start the server and wait until it reports ready; raise with the log tail if it does not."""
+        out = subprocess.DEVNULL
+        if self.log_path is not None:
+            self._log_file = open(self.log_path, "ab")
+            out = self._log_file
+        self.process = subprocess.Popen(
+            self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        try:
+            self.wait_ready(timeout)
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.process.returncode}{self._log_tail()}")
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None or not Path(self.log_path).exists():
+            return ""
+        tail = Path(self.log_path).read_text(errors="replace").splitlines()[-lines:]
+        return "\n--- tritonserver log tail ---\n" + "\n".join(tail)
+
+    def descendants(self) -> list[int]:
+        """PIDs of the server's process tree (stubs included), read from /proc."""
+        if self.process is None:
+            return []
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+        found, todo = [], [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            for child in children.get(pid, []):
+                found.append(child)
+                todo.append(child)
+        return found
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM the server (it unloads models, which stops their threads), then kill what is left."""
+        if self.process is None:
+            return
+        stubs = self.descendants()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        _kill_group(self.process.pid)
+        for pid in stubs:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        self.process = None
+
+    def __enter__(self) -> "TritonServer":
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the server gets SIGKILL if the process that started it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,21 @@
+"""continuous_batching: a thin adapter; the engine thread lives in batchlm.serving.continuous_service."""
+
+from batchlm.engine import LLMEngine
+from batchlm.serving import triton_io
+from batchlm.serving.continuous_service import ContinuousBatchingService
+from batchlm.serving.metrics import ModelMetrics
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        name, config, model_dir = triton_io.load_serving_config(args, decoupled=True)
+        engine = LLMEngine(model_dir, config.engine)
+        self.service = ContinuousBatchingService(engine, ModelMetrics(name), config.max_waiting)
+
+    def execute(self, requests):
+        for request in requests:
+            self.service.submit(request)
+        return None
+
+    def finalize(self):
+        self.service.close()

@@ -1,0 +1,22 @@
+"""static_batching: a thin adapter; the batching policy lives in batchlm.serving.static_service."""
+
+from batchlm.batch_generator import BatchGenerator
+from batchlm.serving import triton_io
+from batchlm.serving.metrics import ModelMetrics
+from batchlm.serving.static_service import StaticBatchingService
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        name, config, model_dir = triton_io.load_serving_config(args, decoupled=True)
+        generator = BatchGenerator.from_dir(model_dir, config.engine)
+        self.service = StaticBatchingService(generator, ModelMetrics(name), config.batch_size,
+                                             config.max_waiting, name)
+
+    def execute(self, requests):
+        for request in requests:
+            self.service.submit(request)
+        return None
+
+    def finalize(self):
+        self.service.close()

@@ -1,0 +1,45 @@
+#!/usr/bin/env python
+"""Serve the model repository with a real tritonserver until interrupted.
+
+    python scripts/serve.py [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+
+Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT. `make serve` runs the set-up first.
+"""
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from batchlm.triton_server import DEFAULT_REPOSITORY, TritonServer  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    ap.add_argument("--log", type=Path, default=None, help="write the server log here (default: terminal)")
+    ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
+    args = ap.parse_args()
+
+    server = TritonServer(
+        model_repository=args.model_repository.resolve(), http_port=args.http_port,
+        grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
+        extra_args=tuple(args.extra),
+    )
+    if args.log is None:
+        # Foreground: the server's own log goes to this terminal.
+        os.execve(server.command()[0], server.command(), server.environment())
+    server.start()
+    print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
+    signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

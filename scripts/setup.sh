@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Idempotent set-up: project venv, a tritonserver with the Python backend, the default model.
+# Fast on the second run: each step leaves a stamp keyed on what it was made from.
+#
+# Environment:
+#   PYTHON          interpreter for the venv (default: python3)
+#   TRITON_HOME     use this Triton install (bin/tritonserver, backends/) instead of finding one
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+PYTHON="${PYTHON:-python3}"
+venv="$root/.venv"
+triton_local="$root/.triton"
+pytriton_version="0.7.0"   # ships tritonserver 2.51 (CPU-capable), its libraries and Python backend stubs
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# 1. Virtual environment with pinned dependencies.
+stamp="$venv/.batchlm-stamp"
+want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+  log "creating/updating virtual environment in .venv"
+  [[ -x "$venv/bin/python" ]] || "$PYTHON" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[serve,test]"
+  echo "$want" >"$stamp"
+fi
+pyver="$("$venv/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+
+# 2. A tritonserver. Priority: $TRITON_HOME, one on PATH (NGC containers), else extract from the wheel.
+if [[ -n "${TRITON_HOME:-}" ]]; then
+  log "using TRITON_HOME=$TRITON_HOME"
+elif command -v tritonserver >/dev/null 2>&1 && [[ -d /opt/tritonserver/backends/python ]]; then
+  log "using tritonserver on PATH: $(command -v tritonserver)"
+else
+  tstamp="$triton_local/.stamp"
+  if [[ ! -f "$tstamp" || "$(cat "$tstamp")" != "$pytriton_version-$pyver" ]]; then
+    log "extracting tritonserver from nvidia-pytriton==$pytriton_version (no pytriton install)"
+    mkdir -p "$root/.cache/wheels"
+    whl="$(ls "$root"/.cache/wheels/nvidia_pytriton-"$pytriton_version"-*.whl 2>/dev/null | head -1 || true)"
+    if [[ -z "$whl" ]]; then
+      "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+        "nvidia-pytriton==$pytriton_version" -d "$root/.cache/wheels"
+      whl="$(ls "$root"/.cache/wheels/nvidia_pytriton-"$pytriton_version"-*.whl | head -1)"
+    fi
+    tmp="$(mktemp -d)"
+    "$venv/bin/python" - "$whl" "$tmp" <<'PY'
+import sys, zipfile
+whl, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(whl) as z:
+    z.extractall(out, [n for n in z.namelist()
+                       if n.startswith(("pytriton/tritonserver/", "nvidia_pytriton.libs/"))])
+PY
+    src="$tmp/pytriton/tritonserver"
+    stub="$src/python_backend_stubs/$pyver/triton_python_backend_stub"
+    [[ -f "$stub" ]] || { log "no Python backend stub for Python $pyver in the wheel"; exit 1; }
+    rm -rf "$triton_local"; mkdir -p "$triton_local/bin" "$triton_local/backends/python"
+    mv "$tmp/nvidia_pytriton.libs" "$triton_local/lib"
+    mv "$src/bin/tritonserver" "$triton_local/bin/"
+    mv "$src/caches" "$triton_local/caches"
+    mv "$src/backends/python/"* "$triton_local/backends/python/"
+    mv "$stub" "$triton_local/backends/python/"
+    chmod +x "$triton_local/bin/tritonserver" "$triton_local/backends/python/triton_python_backend_stub"
+    rm -rf "$tmp"
+    echo "$pytriton_version-$pyver" >"$tstamp"
+  fi
+  # The stub links against the system's shared libpython (Debian: libpython3.X).
+  if ! ldconfig -p | grep -q "libpython$pyver.so.1.0"; then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+      log "installing libpython$pyver (needed by the Python backend stub)"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "libpython$pyver" >/dev/null
+    else
+      log "the Python backend stub needs libpython$pyver.so.1.0: install Debian's libpython$pyver"; exit 1
+    fi
+  fi
+fi
+
+# 3. The default model: generated locally and deterministically, never downloaded.
+"$venv/bin/python" scripts/make_default_model.py --out "$root/models/default" --seed 0
+log "ready"

@@ -1,0 +1,66 @@
+"""Every config.pbtxt parses with Triton's own protobuf, and the three strategies differ only where
+they must: same inputs, outputs and engine knobs; batching mode and its own parameters differ."""
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from batchlm.engine_config import EngineConfig
+from batchlm.serving.request_schema import INPUTS, OUTPUTS
+from batchlm.serving.serving_config import ServingConfig
+
+REPO = Path(__file__).resolve().parents[2] / "model_repository"
+MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
+
+
+def load(name: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse((REPO / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def params(config) -> dict[str, str]:
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def test_repository_holds_only_models():
+    # Triton treats every folder as a model: nothing else may live at the top level.
+    assert sorted(p.name for p in REPO.iterdir()) == sorted(MODELS)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_config_parses_and_matches_schema(name):
+    config = load(name)
+    assert config.name == name
+    assert config.backend == "python"
+    dtype = model_config_pb2.DataType.Name
+    assert {i.name: dtype(i.data_type) for i in config.input} == {k: v[0] for k, v in INPUTS.items()}
+    assert {i.name for i in config.input if not i.optional} == {k for k, v in INPUTS.items() if v[1]}
+    assert {o.name: dtype(o.data_type) for o in config.output} == OUTPUTS
+    assert (REPO / name / "1" / "model.py").exists()
+    ServingConfig.from_parameters(params(config))  # every parameter is known and valid
+
+
+def test_strategies_differ_only_in_batching():
+    static, dynamic, continuous = (load(n) for n in MODELS)
+    for a, b in ((static, dynamic), (static, continuous)):
+        assert list(a.input) == list(b.input) and list(a.output) == list(b.output)
+    assert static.model_transaction_policy.decoupled and continuous.model_transaction_policy.decoupled
+    assert not dynamic.model_transaction_policy.decoupled
+    assert static.max_batch_size == 0 and continuous.max_batch_size == 0
+    assert dynamic.max_batch_size == 8 and dynamic.HasField("dynamic_batching")
+    assert dynamic.dynamic_batching.max_queue_delay_microseconds > 0
+    assert dynamic.dynamic_batching.default_queue_policy.max_queue_size > 0
+    assert not static.HasField("dynamic_batching") and not continuous.HasField("dynamic_batching")
+    # The same KV budget and in-flight limit everywhere, for a fair comparison.
+    engines = [ServingConfig.from_parameters(params(c)) for c in (static, dynamic, continuous)]
+    assert len({(e.engine.num_kv_blocks, e.engine.block_size, e.engine.max_model_len) for e in engines}) == 1
+    assert engines[0].batch_size == dynamic.max_batch_size == engines[2].engine.max_num_seqs
+
+
+def test_unknown_parameter_is_named():
+    with pytest.raises(ValueError, match="max_num_sqs"):
+        ServingConfig.from_parameters({"max_num_sqs": "8"})
+    with pytest.raises(ValueError, match="batch_size"):
+        ServingConfig.from_parameters({"batch_size": "eight"})
+    assert isinstance(ServingConfig.from_parameters({}).engine, EngineConfig)
