@@ -18,7 +18,9 @@ from client.triton_llm import LLMClient
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("triton") / "server.log"
-    srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log)
+    # Explicit model control so tests can unload a model with requests in flight; all load at start.
+    srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+                       extra_args=("--model-control-mode=explicit", "--load-model=*"))
     srv.start(timeout=300)
     yield srv
     tree = srv.descendants()
@@ -45,3 +47,14 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def metric_value(server, name: str, model: str) -> float | None:
+    """One sample of a Prometheus family for `model` from the server's metrics endpoint."""
+    import urllib.request
+
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None

@@ -1,0 +1,107 @@
+"""EngineConfig: how the engine uses the machine. Frozen, validated once, errors name the field.
+
+In Triton these values come from `config.pbtxt` `parameters` (strings); `from_parameters` parses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from batchlm.errors import InvalidArgument
+
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    device: str = "cpu"                   # "cpu" or "cuda"
+    dtype: str | None = None              # weights and KV; None = float32 on cpu, bfloat16 on cuda
+    num_threads: int = 2                  # torch intra-op threads; 0 = leave torch's setting alone
+    block_size: int = 16                  # token slots per KV block
+    num_kv_blocks: int = 512              # KV blocks in total (512 x 16 = 8 rows x 1024 tokens)
+    max_num_seqs: int = 8                 # sequences in one forward pass at most
+    max_num_batched_tokens: int = 512     # per-step token budget (decode tokens + prefill chunks)
+    enable_chunked_prefill: bool = True   # split long prompts over steps to fit the token budget
+    max_model_len: int = 1024             # prompt + max_tokens must fit in this many tokens
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise InvalidArgument("device", f"must be one of {DEVICES}, got {self.device!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise InvalidArgument("dtype", f"must be one of {DTYPES} or None, got {self.dtype!r}")
+        _require_int("num_threads", self.num_threads, minimum=0)
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs",
+                     "max_num_batched_tokens", "max_model_len"):
+            _require_int(name, getattr(self, name), minimum=1)
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise InvalidArgument("enable_chunked_prefill", "must be a bool")
+        if self.max_model_len > self.num_kv_blocks * self.block_size:
+            raise InvalidArgument(
+                "num_kv_blocks",
+                f"{self.num_kv_blocks} blocks x {self.block_size} tokens cannot hold one sequence "
+                f"of max_model_len={self.max_model_len}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise InvalidArgument(
+                "max_num_batched_tokens",
+                f"must be >= max_model_len ({self.max_model_len}) when chunked prefill is off, "
+                "or a long prompt could never be scheduled")
+
+    @property
+    def resolved_dtype(self) -> str:
+        """The dtype name actually used: the explicit one, else the device's default."""
+        if self.dtype is not None:
+            return self.dtype
+        return "float32" if self.device == "cpu" else "bfloat16"
+
+    @property
+    def num_kv_tokens(self) -> int:
+        """Token slots in the whole KV cache."""
+        return self.num_kv_blocks * self.block_size
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Any], strict: bool = False) -> EngineConfig:
+        """Build from string values, as Triton `config.pbtxt` `parameters` provide them.
+
+        Values may be plain strings or Triton's `{"string_value": "..."}`. Keys that are not fields
+        are ignored (other layers read them) unless `strict`. Errors name the key.
+        """
+        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, raw in parameters.items():
+            if key not in kinds:
+                if strict:
+                    raise InvalidArgument(key, "is not an EngineConfig parameter")
+                continue
+            text = raw.get("string_value", "") if isinstance(raw, Mapping) else raw
+            values[key] = _parse(key, str(text).strip(), kinds[key])
+        return cls(**values)
+
+
+def _require_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(name, f"must be an int, got {value!r}")
+    if value < minimum:
+        raise InvalidArgument(name, f"must be >= {minimum}, got {value}")
+
+
+def _parse(key: str, text: str, kind: str) -> Any:
+    """Parse one string by the field's annotation ("int", "bool", "str", "str | None")."""
+    if kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise InvalidArgument(key, f"must be an integer, got {text!r}") from None
+    if kind == "bool":
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise InvalidArgument(key, f"must be true or false, got {text!r}")
+    if kind == "str | None" and text.lower() in ("", "none", "auto"):
+        return None
+    return text

@@ -1,0 +1,213 @@
+"""LlamaForCausalLM: a Llama decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention) over a paged KV cache.
+
+Every linear layer runs on the flattened (T, D) tokens of all sequences at once; only attention looks at
+sequence boundaries (see attention.py). q/k/v and gate/up projections are fused into one matmul each;
+`load_hf_state_dict` fuses the Hugging Face tensors as it copies them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from batchlm.attention import AttentionMetadata, paged_attention
+from batchlm.forward_batch import ForwardBatch
+from batchlm.kv_cache import KVCache
+from batchlm.model_config import ModelConfig
+from batchlm.rope import Rope, RotaryEmbedding, apply_rope
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # (T, D)
+
+
+class Linear(nn.Module):
+    """y = x @ weight.T, no bias; weight is (out_features, in_features) as in HF checkpoints.
+
+    `prepack()` (CPU, float32) trades the dense weight for a oneDNN-blocked copy. Decode streams every
+    weight from DRAM each step, and MKL's dense sgemm streams WIDE matrices (out >> in) poorly at 2..16
+    rows; packed, a batch-8 step through gate_up and lm_head is ~1.4x and ~2x cheaper. Square and narrow
+    ones get slower packed (a fixed ~12 us per call), so the model packs only the wide ones.
+    The dense weight is dropped after packing (no 2x memory).
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features))
+        self.packed: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")  # (T, out)
+        return F.linear(x, self.weight)  # (T, in) -> (T, out)
+
+    def prepack(self) -> bool:
+        """Switch to the oneDNN-packed weight when this build and device support it; True if it did."""
+        w = self.weight
+        if w is None or w.device.type != "cpu" or w.dtype != torch.float32 or not _onednn_linear_available():
+            return False
+        try:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_FOR_ROWS)
+        except RuntimeError:  # a oneDNN build that cannot pack this shape: stay dense
+            return False
+        self.weight = None
+        return True
+
+
+_PACK_FOR_ROWS = 8  # oneDNN picks its blocked layout for this many input rows (a decode batch)
+
+
+def _onednn_linear_available() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.H, self.KVH, self.hd = config.num_heads, config.num_kv_heads, config.head_dim
+        self.qkv_proj = Linear(config.hidden_size, (self.H + 2 * self.KVH) * self.hd)
+        self.o_proj = Linear(self.H * self.hd, config.hidden_size)
+
+    def forward(self, x: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        T = x.shape[0]
+        H, KVH = self.H, self.KVH
+        qkv = self.qkv_proj(x).view(T, H + 2 * KVH, self.hd)  # (T, H + 2KVH, hd)
+        qk = apply_rope(qkv[:, :H + KVH], rope)  # (T, H + KVH, hd): q and k rotated together
+        q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KVH:]  # (T, H, hd), (T, KVH, hd), (T, KVH, hd)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta)  # (T, H, hd)
+        return self.o_proj(out.reshape(T, H * self.hd))  # (T, D)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
+        return self.down_proj(F.silu(gate) * up)  # (T, D)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, h: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, k_cache, v_cache, meta)  # (T, D)
+        return h + self.mlp(self.post_attention_layernorm(h))  # (T, D)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Parameters are allocated but NOT initialized: fill them with `load_hf_state_dict` (see load_model).
+
+    NOTE: with tie_word_embeddings, lm_head gets its own copy of the embedding matrix (inference only,
+    nothing is trained), so lm_head can be packed for speed while the embedding stays a lookup table.
+    """
+
+    def __init__(self, config: ModelConfig, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.config = config
+        with torch.device("meta"):  # NOTE: no random init work; to_empty allocates below
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        self.to(dtype=dtype).to_empty(device=device)
+        self.rotary = RotaryEmbedding(config).to(device)  # float32 tables, real values
+        self.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
+        """Write the K/V of all T tokens into their slots, attend, return logits (S, V) float32.
+
+        Only the rows at `batch.logits_indices` (each sequence's last scheduled token) reach lm_head.
+        """
+        device = self.device
+        meta = AttentionMetadata.build(batch, kv_cache.block_size, device)
+        input_ids = batch.input_ids.to(device, non_blocking=True)  # (T,)
+        positions = batch.positions.to(device, non_blocking=True)  # (T,)
+        rope = self.rotary(positions, self.dtype)  # cos, sin: (T, 1, hd) each
+        h = self.embed_tokens(input_ids)  # (T, D)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, rope, kv_cache.k[i], kv_cache.v[i], meta)  # (T, D)
+        h = h[batch.logits_indices.to(device, non_blocking=True)]  # (S, D)
+        return self.lm_head(self.norm(h)).float()  # (S, V)
+
+    def prepack_linears(self) -> int:
+        """CPU float32: move the wide Linears (out >= 2 * in: gate_up, lm_head) to oneDNN-packed weights.
+
+        Returns how many moved. Call after loading; packed weights are no longer loadable.
+        """
+        wide = [m for m in self.modules() if isinstance(m, Linear) and m.weight is not None
+                and m.weight.shape[0] >= 2 * m.weight.shape[1]]
+        return sum(m.prepack() for m in wide)
+
+    def load_hf_state_dict(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy a HF Llama state dict (names as in model.safetensors) into the fused parameters.
+
+        Raises KeyError naming the first missing tensor, ValueError on a shape mismatch or unused tensors.
+        """
+        # (target, HF tensor names concatenated along dim 0 to fill it); fused projections take several.
+        plan: list[tuple[torch.Tensor, tuple[str, ...]]] = [
+            (self.embed_tokens.weight, ("model.embed_tokens.weight",)),
+            (self.norm.weight, ("model.norm.weight",))]
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            plan += [
+                (layer.input_layernorm.weight, (p + "input_layernorm.weight",)),
+                (layer.post_attention_layernorm.weight, (p + "post_attention_layernorm.weight",)),
+                (layer.self_attn.qkv_proj.weight, tuple(f"{p}self_attn.{x}_proj.weight" for x in "qkv")),
+                (layer.self_attn.o_proj.weight, (p + "self_attn.o_proj.weight",)),
+                (layer.mlp.gate_up_proj.weight, (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+                (layer.mlp.down_proj.weight, (p + "mlp.down_proj.weight",)),
+            ]
+        lm_head = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+        plan.append((self.lm_head.weight, (lm_head,)))
+        with torch.no_grad():
+            for target, names in plan:
+                offset = 0
+                for name in names:  # NOTE: copied piece by piece, so no fused temporary is ever allocated
+                    value = tensors[name]
+                    rows = value.shape[0]
+                    if offset + rows > target.shape[0] or value.shape[1:] != target.shape[1:]:
+                        raise ValueError(f"{name}: shape {tuple(value.shape)} does not fit "
+                                         f"{tuple(target.shape)}")
+                    target[offset:offset + rows].copy_(value)
+                    offset += rows
+                if offset != target.shape[0]:
+                    raise ValueError(f"{names[-1]}: filled {offset} of {target.shape[0]} rows")
+        used = {name for _, names in plan for name in names}
+        unused = [n for n in tensors.keys() if n not in used and not n.endswith("rotary_emb.inv_freq")]
+        if self.config.tie_word_embeddings:
+            unused = [n for n in unused if n != "lm_head.weight"]
+        if unused:
+            more = " ..." if len(unused) > 5 else ""
+            raise ValueError(f"unexpected tensors in checkpoint: {unused[:5]}{more}")

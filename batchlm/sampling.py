@@ -1,0 +1,129 @@
+"""SamplingParams (one request's decoding knobs, validated) and Sampler (one token per logits row)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from batchlm.errors import InvalidArgument
+
+MAX_SEED = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16            # tokens to generate at most (finish reason "length")
+    temperature: float = 0.0        # 0 = greedy (argmax); > 0 scales logits before sampling
+    top_k: int = 0                  # keep the k most likely tokens; 0 = off
+    top_p: float = 1.0              # keep the smallest set with cumulative probability >= top_p; 1 = off
+    seed: int | None = None         # per-request RNG seed (uint64); None = engine's global RNG
+    stop: tuple[str, ...] = ()      # generation stops before the first of these strings
+    ignore_eos: bool = False        # keep generating past EOS (benchmarks)
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise InvalidArgument("temperature", f"must be >= 0, got {self.temperature}")
+        _check_int("top_k", self.top_k, 0)
+        _check_number("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidArgument("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0)
+            if self.seed > MAX_SEED:
+                raise InvalidArgument("seed", f"must fit in uint64, got {self.seed}")
+        if isinstance(self.stop, str) or not isinstance(self.stop, (tuple, list)):
+            raise InvalidArgument("stop", f"must be a list of strings, got {self.stop!r}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidArgument("stop", "every stop string must be a non-empty string")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidArgument("ignore_eos", f"must be a bool, got {self.ignore_eos!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(name, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidArgument(name, f"must be >= {minimum}, got {value}")
+
+
+def _check_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidArgument(name, f"must be a finite number, got {value!r}")
+
+
+def make_generator(seed: int | None, device: str = "cpu") -> torch.Generator | None:
+    """The per-request RNG for a seeded request; None means "use torch's global RNG"."""
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+class Sampler:
+    """Picks one token per logits row, each row with its own params and RNG.
+
+    Rows are independent: a seeded row draws exactly one uniform number per step from its own
+    generator, so the same seed gives the same tokens whatever else shares the batch.
+    """
+
+    def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
+               generators: Sequence[torch.Generator | None]) -> list[int]:
+        """logits (S, vocab) float -> S token ids."""
+        greedy = [i for i, p in enumerate(params) if p.is_greedy]
+        if len(greedy) == len(params):
+            return logits.argmax(dim=-1).tolist()
+        sampled = [i for i, p in enumerate(params) if not p.is_greedy]
+        tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)  # (S,)
+        if greedy:
+            tokens[greedy] = logits[greedy].argmax(dim=-1)
+        if sampled:
+            tokens[sampled] = self._sample_rows(
+                logits[sampled].float(), [params[i] for i in sampled], [generators[i] for i in sampled])
+        return tokens.tolist()
+
+    def _sample_rows(self, logits: torch.Tensor, params: list[SamplingParams],
+                     generators: list[torch.Generator | None]) -> torch.Tensor:
+        """Inverse-CDF sampling over the (optionally top-k / top-p filtered) distribution."""
+        n, vocab = logits.shape
+        device = logits.device
+        temps = torch.tensor([p.temperature for p in params], device=device)
+        logits = logits / temps[:, None]                                 # (n, V)
+        filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in params)
+        if filtered:
+            logits, order = logits.sort(dim=-1, descending=True)         # (n, V) each
+            logits = _mask_top_k(logits, [p.top_k for p in params])
+        probs = torch.softmax(logits, dim=-1)                            # (n, V)
+        if filtered and any(p.top_p < 1.0 for p in params):
+            probs = _mask_top_p(probs, [p.top_p for p in params])
+        cdf = probs.cumsum(dim=-1)                                       # (n, V)
+        u = torch.cat([torch.rand(1, generator=g, device=device) for g in generators])  # (n,)
+        pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)  # (n, 1)
+        pick = pick.clamp_(max=vocab - 1)
+        if filtered:
+            pick = order.gather(1, pick)
+        return pick[:, 0]
+
+
+def _mask_top_k(sorted_logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+    """Set every rank >= k to -inf in rows sorted descending; k = 0 keeps the row whole."""
+    n, vocab = sorted_logits.shape
+    k = torch.tensor([t if t > 0 else vocab for t in top_k], device=sorted_logits.device)
+    ranks = torch.arange(vocab, device=sorted_logits.device)
+    return sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
+
+
+def _mask_top_p(sorted_probs: torch.Tensor, top_p: list[float]) -> torch.Tensor:
+    """Zero the tail once the mass before a token already reaches top_p (the first token stays)."""
+    p = torch.tensor(top_p, device=sorted_probs.device, dtype=sorted_probs.dtype)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs                     # (n, V)
+    drop = (mass_before >= p[:, None]) & (p[:, None] < 1.0)
+    return sorted_probs.masked_fill(drop, 0.0)

@@ -1,0 +1,104 @@
+"""continuous_batching: per-step scheduling, streaming, cancellation frees KV within a step."""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import tritonclient.grpc as grpcclient
+
+from client.triton_llm import LLMClient, _grpc_inputs, request_fields
+from tests.functional.conftest import metric_value
+
+MODEL = "continuous_batching"
+
+
+def _client(server):
+    return LLMClient(server.http_url, server.grpc_url, timeout=300)
+
+
+def test_short_request_overtakes_long_one(server):
+    def run(prompt, max_tokens, delay):
+        time.sleep(delay)
+        client = _client(server)
+        try:
+            result = client.infer_grpc(MODEL, prompt, max_tokens=max_tokens, ignore_eos=True)
+            return time.monotonic(), result
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        long = pool.submit(run, "A long story begins", 300, 0.0)
+        short = pool.submit(run, "Short", 5, 0.5)
+        (long_done, long_result), (short_done, short_result) = long.result(120), short.result(120)
+    assert long_result.num_output_tokens == 300 and short_result.num_output_tokens == 5
+    assert short_done < long_done, "the short request waited for the long one"
+
+
+def test_grpc_stream_delivers_text_before_the_end(server):
+    client = _client(server)
+    try:
+        start = time.perf_counter()
+        chunks, times = [], []
+        for chunk in client.stream_grpc(MODEL, "Once upon a time", max_tokens=40, ignore_eos=True, stream=True):
+            chunks.append(chunk)
+            times.append(time.perf_counter() - start)
+    finally:
+        client.close()
+    assert len(chunks) > 5
+    assert chunks[-1].finish_reason == "length" and chunks[-1].num_output_tokens == 40
+    assert all(c.finish_reason == "" for c in chunks[:-1])
+    assert times[0] < times[-1] / 2, "the first text came only at the end"
+    full = _client(server)
+    try:
+        assert "".join(c.text for c in chunks) == full.generate(MODEL, "Once upon a time", 40, ignore_eos=True).text
+    finally:
+        full.close()
+
+
+def test_http_generate_stream(llm):
+    chunks = list(llm.generate_stream(MODEL, "Hello there", max_tokens=12, ignore_eos=True, stream=True))
+    assert len(chunks) > 1 and chunks[-1].num_output_tokens == 12
+    assert "".join(c.text for c in chunks) == llm.generate(MODEL, "Hello there", 12, ignore_eos=True).text
+
+
+def test_cancelled_streams_free_their_kv(server):
+    clients = []
+    received = []
+
+    def on_response(result, error):
+        received.append(error is None)
+
+    for i in range(4):
+        c = grpcclient.InferenceServerClient(server.grpc_url)
+        c.start_stream(callback=on_response)
+        fields = request_fields(f"Cancel me {i}", 800, ignore_eos=True, stream=True)
+        c.async_stream_infer(MODEL, _grpc_inputs(fields))
+        clients.append(c)
+    deadline = time.monotonic() + 60
+    while len(received) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(received) >= 20, "streams did not start"
+    assert metric_value(server, "batchlm_kv_blocks_used", MODEL) > 0
+    for c in clients:
+        c.stop_stream(cancel_requests=True)
+        c.close()
+    deadline = time.monotonic() + 10
+    while metric_value(server, "batchlm_kv_blocks_used", MODEL) != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric_value(server, "batchlm_kv_blocks_used", MODEL) == 0
+    # The model keeps serving after the cancellations.
+    client = _client(server)
+    try:
+        assert client.generate(MODEL, "Still there?", 4, ignore_eos=True).num_output_tokens == 4
+    finally:
+        client.close()
+
+
+def test_metrics_published(server, llm):
+    llm.generate(MODEL, "Count my tokens", 8, ignore_eos=True)
+    for name in ("batchlm_forward_sequences", "batchlm_forward_passes_total", "batchlm_waiting_requests",
+                 "batchlm_kv_blocks_total", "batchlm_generated_tokens_total",
+                 "batchlm_time_to_first_token_seconds_count"):
+        assert metric_value(server, name, MODEL) is not None, name
+    assert metric_value(server, "batchlm_generated_tokens_total", MODEL) >= 8
+    assert metric_value(server, "batchlm_time_to_first_token_seconds_count", MODEL) >= 1

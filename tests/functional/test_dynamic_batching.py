@@ -1,0 +1,51 @@
+"""dynamic_batching: Triton forms the batches; a lone request runs after the queue delay."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from client.triton_llm import LLMClient, RequestFailed
+
+MODEL = "dynamic_batching"
+
+
+def _stats(server):
+    r = requests.get(f"http://{server.http_url}/v2/models/{MODEL}/stats", timeout=10)
+    s = r.json()["model_stats"][0]
+    return s["inference_count"], s["execution_count"], s["inference_stats"]["queue"]
+
+
+def _send(server, i):
+    client = LLMClient(server.http_url, server.grpc_url, timeout=300)
+    try:
+        return client.generate(MODEL, f"Prompt {i} for the batcher", max_tokens=3 + i % 4, ignore_eos=True)
+    finally:
+        client.close()
+
+
+def test_concurrent_requests_share_executions(server):
+    inf0, exe0, _ = _stats(server)
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: _send(server, i), range(16)))
+    inf1, exe1, _ = _stats(server)
+    assert all(r.num_output_tokens == 3 + i % 4 for i, r in enumerate(results))
+    assert inf1 - inf0 == 16
+    assert exe1 - exe0 < 16, "Triton ran every request alone: no batching happened"
+
+
+def test_lone_request_waits_about_the_queue_delay(server):
+    config = requests.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
+    delay_s = int(config["dynamic_batching"]["max_queue_delay_microseconds"]) / 1e6
+    _, _, q0 = _stats(server)
+    _send(server, 0)
+    _, _, q1 = _stats(server)
+    waited = (int(q1["ns"]) - int(q0["ns"])) / 1e9
+    assert int(q1["count"]) - int(q0["count"]) == 1
+    assert 0.8 * delay_s <= waited <= delay_s + 0.25, f"queued {waited:.3f}s, delay is {delay_s:.3f}s"
+
+
+def test_stream_is_refused_with_field_named(llm):
+    with pytest.raises(RequestFailed) as info:
+        llm.generate(MODEL, "hi", max_tokens=4, stream=True)
+    assert info.value.status == "400" and "stream" in info.value.message

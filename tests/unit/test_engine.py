@@ -1,0 +1,176 @@
+"""LLMEngine and BatchGenerator on the real default model (random weights, written once per module)."""
+
+import pytest
+
+from batchlm.batch_generator import BatchGenerator
+from batchlm.checkpoint import load_model, write_default_checkpoint
+from batchlm.engine import LLMEngine
+from batchlm.engine_config import EngineConfig
+from batchlm.errors import InvalidArgument
+from batchlm.sampling import SamplingParams
+from batchlm.sequence import FinishReason
+from batchlm.tokenizer import Tokenizer
+
+PROMPTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog and then",
+           "Hello", "In a village by the river there lived an old miller who"]
+MAX_TOKENS = [12, 5, 20, 9]
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    model_dir = write_default_checkpoint(tmp_path_factory.mktemp("model"), seed=0)
+    return load_model(model_dir), Tokenizer.from_dir(model_dir)
+
+
+def make_engine(parts, **overrides) -> LLMEngine:
+    values = dict(num_kv_blocks=64, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64)
+    values.update(overrides)
+    return LLMEngine.from_parts(*parts, EngineConfig(**values))
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def alone(parts):
+    """Each prompt run by itself, greedy."""
+    engine = make_engine(parts)
+    return [engine.generate([p], greedy(n))[0] for p, n in zip(PROMPTS, MAX_TOKENS)]
+
+
+def test_greedy_alone_equals_inside_a_mixed_batch(parts, alone):
+    # A small token budget forces prompt chunks to share steps with other sequences' decodes.
+    engine = make_engine(parts, max_num_batched_tokens=8)
+    batched = engine.generate(PROMPTS, [greedy(n) for n in MAX_TOKENS])
+    for a, b, n in zip(alone, batched, MAX_TOKENS):
+        assert b.token_ids == a.token_ids and b.text == a.text
+        assert b.finish_reason is FinishReason.LENGTH and len(b.token_ids) == b.num_output_tokens == n
+
+
+def test_batch_generator_equals_engine(parts, alone):
+    generator = BatchGenerator(*parts, EngineConfig(num_kv_blocks=64, max_model_len=256))
+    steps = []
+    outputs = generator.generate([(p, greedy(n)) for p, n in zip(PROMPTS, MAX_TOKENS)],
+                                 on_step=lambda seqs, tokens: steps.append((seqs, tokens)))
+    assert [o.token_ids for o in outputs] == [a.token_ids for a in alone]
+    assert [o.text for o in outputs] == [a.text for a in alone]
+    assert sum(tokens for _, tokens in steps) == sum(MAX_TOKENS)
+    assert steps[0] == (4, 4) and steps[-1] == (1, 1)  # finished rows leave the forward pass
+    assert generator.kv_usage() == (0, 64)
+
+
+def test_check_fits_names_the_field(parts):
+    generator = BatchGenerator(*parts, EngineConfig(num_kv_blocks=64, max_model_len=256))
+    generator.check_fits("Hello", greedy(200))
+    with pytest.raises(InvalidArgument) as err:
+        generator.check_fits("Hello", greedy(255))
+    assert err.value.field == "max_tokens"
+    with pytest.raises(InvalidArgument) as err:
+        generator.check_fits([1] * 300, greedy(1))
+    assert err.value.field == "prompt"
+
+
+def test_batch_generator_rejects_a_batch_that_does_not_fit(parts):
+    generator = BatchGenerator(*parts, EngineConfig(num_kv_blocks=4, max_model_len=64, max_num_seqs=4))
+    with pytest.raises(InvalidArgument) as err:
+        generator.generate([("Hello", greedy(40)), ("Hello", greedy(40))])  # 3 blocks each
+    assert err.value.field == "batch"
+    with pytest.raises(InvalidArgument) as err:
+        generator.generate([("Hello", greedy(4)), ([10**6], greedy(4))])
+    assert err.value.field == "prompt"
+    outputs = generator.generate([("Hello", greedy(4)), ("Hi", greedy(4))])  # still usable
+    assert [o.num_output_tokens for o in outputs] == [4, 4]
+
+
+def test_preemption_keeps_greedy_output(parts, alone):
+    # 6 blocks of 16 tokens cannot hold all four sequences at their full length at once.
+    engine = make_engine(parts, num_kv_blocks=6, max_model_len=96)
+    batched = engine.generate(PROMPTS, [greedy(n + 20) for n in MAX_TOKENS])
+    assert engine.stats().num_preemptions > 0
+    for a, b in zip(alone, batched):
+        assert b.token_ids[:len(a.token_ids)] == a.token_ids
+
+
+def test_streamed_deltas_add_up_to_the_whole_text(parts, alone):
+    engine = make_engine(parts)
+    engine.add_request("s", PROMPTS[0], greedy(MAX_TOKENS[0]))
+    parts_out = []
+    while engine.has_unfinished():
+        parts_out += engine.step()
+    assert "".join(o.text for o in parts_out) == alone[0].text
+    assert [t for o in parts_out for t in o.token_ids] == alone[0].token_ids
+    assert parts_out[-1].finished and not any(o.finished for o in parts_out[:-1])
+
+
+def test_stop_string_truncates_and_finishes_with_stop(parts, alone):
+    text = alone[2].text
+    stop = text[6:9]
+    expected = text[:text.find(stop)]
+    out = make_engine(parts).generate([PROMPTS[2]], greedy(MAX_TOKENS[2], stop=(stop,)))[0]
+    assert out.finish_reason is FinishReason.STOP
+    assert out.text == expected
+    assert out.num_output_tokens < MAX_TOKENS[2]
+
+
+def test_max_tokens_with_ignore_eos_gives_exactly_max_tokens(parts):
+    out = make_engine(parts).generate(["Hi"], greedy(17))[0]
+    assert out.finish_reason is FinishReason.LENGTH
+    assert len(out.token_ids) == out.num_output_tokens == 17
+
+
+def test_abort_frees_all_kv_blocks(parts):
+    engine = make_engine(parts, max_num_seqs=2)
+    for i, prompt in enumerate(PROMPTS[:3]):
+        engine.add_request(f"r{i}", prompt, greedy(50))
+    engine.step()
+    engine.step()
+    assert engine.stats().kv_blocks_used > 0 and engine.stats().num_waiting == 1
+    for i in range(3):
+        engine.abort_request(f"r{i}")
+    engine.abort_request("r0")          # twice: ignored
+    engine.abort_request("unknown")     # never seen: ignored
+    assert engine.stats().kv_blocks_used == 0
+    outputs = engine.step()
+    assert sorted(o.request_id for o in outputs) == ["r0", "r1", "r2"]
+    assert all(o.finished and o.finish_reason is FinishReason.CANCELLED for o in outputs)
+    assert not engine.has_unfinished()
+
+
+def test_seeded_sampling_is_reproducible(parts):
+    params = SamplingParams(max_tokens=16, temperature=1.0, top_k=50, top_p=0.9, seed=42, ignore_eos=True)
+    first = make_engine(parts).generate([PROMPTS[0]], params)[0]
+    crowd = make_engine(parts).generate(
+        [PROMPTS[1], PROMPTS[0], PROMPTS[3]],
+        [SamplingParams(max_tokens=8, temperature=1.0), params, SamplingParams(max_tokens=4)])[1]
+    assert crowd.token_ids == first.token_ids and crowd.text == first.text
+    other = make_engine(parts).generate([PROMPTS[0]], SamplingParams(
+        max_tokens=16, temperature=1.0, top_k=50, top_p=0.9, seed=43, ignore_eos=True))[0]
+    assert other.token_ids != first.token_ids
+
+
+def test_invalid_requests_name_the_field(parts):
+    engine = make_engine(parts)
+    cases = [("prompt", [10**6]), ("prompt", ""), ("prompt", 12), ("max_tokens", "Hello")]
+    for field, prompt in cases:
+        params = greedy(300) if field == "max_tokens" else greedy(4)
+        with pytest.raises(InvalidArgument) as err:
+            engine.add_request("bad", prompt, params)
+        assert err.value.field == field
+    engine.add_request("dup", "Hello", greedy(2))
+    with pytest.raises(InvalidArgument) as err:
+        engine.add_request("dup", "Hello", greedy(2))
+    assert err.value.field == "request_id"
+
+
+def test_stats_report_the_last_forward(parts):
+    engine = make_engine(parts)
+    engine.add_request("a", "Hello", greedy(3))
+    engine.add_request("b", "Once upon a time", greedy(3))
+    engine.step()
+    stats = engine.stats()
+    assert stats.last_num_seqs == 2 and stats.num_running == 2 and stats.total_generated_tokens == 2
+    prompt_tokens = sum(len(engine.tokenizer.encode(p)) for p in ("Hello", "Once upon a time"))
+    assert stats.last_num_tokens == prompt_tokens
+    engine.step()
+    assert engine.stats().last_num_tokens == 2

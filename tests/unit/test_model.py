@@ -1,0 +1,204 @@
+"""LlamaForCausalLM over the paged KV cache, checked against an independent no-cache reference."""
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from batchlm.checkpoint import SafetensorsCheckpoint, load_model, write_default_checkpoint
+from batchlm.forward_batch import ForwardBatch
+from batchlm.kv_cache import KVCache
+from batchlm.rope import rope_inv_freq
+
+# A small model with the default's structure (GQA 2:1, several layers) so the checks run in seconds.
+SMALL = dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=32, intermediate_size=256)
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def small_dir(tmp_path_factory):
+    return write_default_checkpoint(tmp_path_factory.mktemp("small"), seed=1, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def small(small_dir):
+    return load_model(small_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(small_dir, small):
+    weights = dict(SafetensorsCheckpoint(small_dir))
+    return lambda ids: reference_logits(weights, small.config, ids)
+
+
+def reference_logits(w: dict, cfg, ids: list[int]) -> torch.Tensor:
+    """Plain HF-convention Llama over one whole sequence, no cache: logits (T, V) at every position."""
+    T, H, KVH, hd = len(ids), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    def norm(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * weight
+
+    def rotate_half(x):
+        return torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2).double() / hd)
+    angles = torch.outer(torch.arange(T).double(), inv_freq)
+    cos, sin = torch.cat([angles.cos()] * 2, -1).float(), torch.cat([angles.sin()] * 2, -1).float()
+    h = w["model.embed_tokens.weight"][torch.tensor(ids)]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        x = norm(h, w[p + "input_layernorm.weight"])
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(T, H, hd).transpose(0, 1)
+        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(T, KVH, hd).transpose(0, 1)
+        v = (x @ w[p + "self_attn.v_proj.weight"].T).view(T, KVH, hd).transpose(0, 1)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(H // KVH, 0), v.repeat_interleave(H // KVH, 0)
+        scores = (q @ k.transpose(1, 2)) / hd ** 0.5
+        attn = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+        h = h + attn.transpose(0, 1).reshape(T, H * hd) @ w[p + "self_attn.o_proj.weight"].T
+        x = norm(h, w[p + "post_attention_layernorm.weight"])
+        gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
+        h = h + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+    return norm(h, w["model.norm.weight"]) @ w["lm_head.weight"].T
+
+
+class Seq:
+    """One sequence's token ids, how many are cached, and the blocks it owns (taken from a shared pool)."""
+
+    def __init__(self, ids: list[int], pool: list[int], block_size: int) -> None:
+        self.ids, self.cached, self.blocks, self.pool, self.bs = list(ids), 0, [], pool, block_size
+
+    def schedule(self, n: int) -> dict:
+        start, end = self.cached, self.cached + n
+        while len(self.blocks) * self.bs < end:
+            self.blocks.append(self.pool.pop())
+        pos = list(range(start, end))
+        self.cached = end
+        return dict(ids=self.ids[start:end], pos=pos, context=end, blocks=list(self.blocks),
+                    slots=[self.blocks[p // self.bs] * self.bs + p % self.bs for p in pos])
+
+
+def forward(model, cache: KVCache, steps: list[dict]) -> torch.Tensor:
+    """Run one ForwardBatch made of the given per-sequence steps; logits (S, V)."""
+    width = max(len(s["blocks"]) for s in steps)
+    last, logits_indices = -1, []
+    for s in steps:
+        last += len(s["ids"])
+        logits_indices.append(last)
+    batch = ForwardBatch(
+        input_ids=torch.tensor([t for s in steps for t in s["ids"]]),
+        positions=torch.tensor([p for s in steps for p in s["pos"]]),
+        slot_mapping=torch.tensor([x for s in steps for x in s["slots"]]),
+        query_lens=[len(s["ids"]) for s in steps],
+        context_lens=[s["context"] for s in steps],
+        block_tables=torch.tensor([s["blocks"] + [0] * (width - len(s["blocks"])) for s in steps]),
+        logits_indices=torch.tensor(logits_indices))
+    return model(batch, cache)
+
+
+def shuffled_pool(num_blocks: int, seed: int) -> list[int]:
+    pool = list(range(num_blocks))
+    random.Random(seed).shuffle(pool)
+    return pool
+
+
+def test_incremental_decode_matches_full_recompute(small, reference):
+    cache = KVCache(small.config, num_blocks=32, block_size=4)
+    rng = random.Random(0)
+    seq = Seq([rng.randrange(3, 8192) for _ in range(11)], shuffled_pool(32, 0), block_size=4)
+    logits = forward(small, cache, [seq.schedule(11)])
+    assert logits.shape == (1, small.config.vocab_size) and logits.dtype == torch.float32
+    torch.testing.assert_close(logits[0], reference(seq.ids)[-1], atol=ATOL, rtol=0)
+    for _ in range(7):  # crosses block boundaries; blocks are non-contiguous and out of order
+        seq.ids.append(rng.randrange(3, 8192))
+        logits = forward(small, cache, [seq.schedule(1)])
+        torch.testing.assert_close(logits[0], reference(seq.ids)[-1], atol=ATOL, rtol=0)
+    assert seq.blocks != sorted(seq.blocks)
+
+
+@pytest.mark.parametrize("chunks", [[5, 4, 4], [12, 1], [1, 6, 6]])
+def test_chunked_prefill_equals_whole_prompt(small, reference, chunks):
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 8192) for _ in range(sum(chunks))]
+    whole_cache, chunk_cache = KVCache(small.config, 16, 4), KVCache(small.config, 16, 4)
+    whole = Seq(prompt, shuffled_pool(16, 1), 4)
+    expected = forward(small, whole_cache, [whole.schedule(len(prompt))])
+    chunked = Seq(prompt, shuffled_pool(16, 2), 4)
+    for n in chunks:
+        logits = forward(small, chunk_cache, [chunked.schedule(n)])
+    torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[0], reference(prompt)[-1], atol=ATOL, rtol=0)
+    for seq, cache in ((whole, whole_cache), (chunked, chunk_cache)):  # the caches agree too
+        seq.ids.append(7)
+    assert torch.allclose(forward(small, whole_cache, [whole.schedule(1)]),
+                          forward(small, chunk_cache, [chunked.schedule(1)]), atol=ATOL, rtol=0)
+
+
+def greedy_alone(model, prompt: list[int], steps: int, seed: int) -> list[int]:
+    cache = KVCache(model.config, num_blocks=64, block_size=4)
+    seq = Seq(prompt, shuffled_pool(64, seed), 4)
+    logits = forward(model, cache, [seq.schedule(len(prompt))])
+    out = []
+    for _ in range(steps):
+        out.append(int(logits[0].argmax()))
+        seq.ids.append(out[-1])
+        logits = forward(model, cache, [seq.schedule(1)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def default_model(tmp_path_factory):
+    return load_model(write_default_checkpoint(tmp_path_factory.mktemp("default"), seed=0))
+
+
+def test_ragged_batch_gives_each_sequence_its_greedy_tokens_alone(default_model):
+    """Prefill chunks and decodes of different lengths share forwards; greedy tokens must not change."""
+    rng, steps = random.Random(2), 8
+    prompts = [[1] + [rng.randrange(3, 8192) for _ in range(n)] for n in (2, 8, 16, 5)]
+    expected = [greedy_alone(default_model, p, steps, seed=i) for i, p in enumerate(prompts)]
+    cache = KVCache(default_model.config, num_blocks=96, block_size=4)
+    pool = shuffled_pool(96, 3)
+    seqs = [Seq(p, pool, 4) for p in prompts]
+    outputs: list[list[int]] = [[] for _ in prompts]
+    # prompt chunk sizes per step (None: decode); seq 2 prefills over 3 steps next to others' decodes
+    plan = [{0: 3, 1: 9}, {0: 1, 1: 1, 2: 6, 3: 6}, {0: 1, 1: 1, 2: 6, 3: 1}, {0: 1, 1: 1, 2: 5, 3: 1}]
+    while any(len(o) < steps for o in outputs):
+        chunk = plan.pop(0) if plan else {i: 1 for i in range(4) if len(outputs[i]) < steps}
+        order = list(chunk)
+        logits = forward(default_model, cache, [seqs[i].schedule(chunk[i]) for i in order])
+        for row, i in enumerate(order):
+            if seqs[i].cached == len(seqs[i].ids) and len(outputs[i]) < steps:
+                outputs[i].append(int(logits[row].argmax()))
+                seqs[i].ids.append(outputs[i][-1])
+    assert outputs == expected
+
+
+def test_logits_only_for_each_sequences_last_token(small, reference):
+    cache = KVCache(small.config, 16, 4)
+    pool = shuffled_pool(16, 4)
+    a, b = Seq([5, 6, 7, 8, 9], pool, 4), Seq([42], pool, 4)  # a 1-token prompt is a single-token query
+    logits = forward(small, cache, [a.schedule(5), b.schedule(1)])
+    assert logits.shape == (2, small.config.vocab_size)
+    torch.testing.assert_close(logits[0], reference(a.ids)[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[1], reference(b.ids)[-1], atol=ATOL, rtol=0)
+
+
+def test_kv_cache_layout_and_size(small):
+    cfg = small.config
+    cache = KVCache(cfg, num_blocks=10, block_size=16)
+    assert cache.k[0].shape == (160, cfg.num_kv_heads, cfg.head_dim) and len(cache.v) == cfg.num_layers
+    assert cache.bytes_per_block() == 2 * cfg.num_layers * 16 * cfg.num_kv_heads * cfg.head_dim * 4
+    assert KVCache.blocks_for_budget(cfg, 16, torch.float32, 10 * cache.bytes_per_block()) == 10
+
+
+def test_llama3_rope_scaling_keeps_high_and_slows_low_frequencies(small):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 256}
+    plain = rope_inv_freq(small.config)
+    scaled = rope_inv_freq(replace(small.config, rope_scaling=tuple(sorted(scaling.items()))))
+    assert scaled[0] == plain[0]  # shortest wavelength: unchanged
+    assert torch.isclose(scaled[-1], plain[-1] / 8)  # longest: slowed by `factor`
+    assert (scaled <= plain).all() and (scaled >= plain / 8).all()
