@@ -18,8 +18,13 @@ class ModelMetrics:
         labels = {"model": model_name}
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
 
+        # NOTE: a MetricFamily must outlive its Metrics, so the families are kept here.
+        self._families = []
+
         def metric(name: str, description: str, kind):
-            return pb_utils.MetricFamily(name=name, description=description, kind=kind).Metric(labels=labels)
+            family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+            self._families.append(family)
+            return family.Metric(labels=labels)
 
         self.forward_sequences = metric(
             "batchlm_forward_sequences", "Sequences in the most recent forward pass", gauge)

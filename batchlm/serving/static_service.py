@@ -2,8 +2,12 @@
 
 `submit()` (Triton's execute thread) parks each request; when `batch_size` are parked, they go to the
 worker thread as one batch, which runs to completion and answers every request when the slowest is done.
-There is no timer: an incomplete batch waits, which is what static batching is. `close()` answers parked
-requests with UNAVAILABLE, lets a running batch finish, and stops the worker.
+There is no timer: an incomplete batch waits, which is what static batching is.
+
+Unload and shutdown: Triton unloads a model only once every response sender it handed out is done,
+and it never tells the model that it wants to. So a watchdog asks Triton whether this model is still
+ready; once it is not (unload requested, or the server is exiting), parked requests are answered with
+UNAVAILABLE, which lets the unload proceed. `close()` (from finalize) lets a running batch finish.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 from batchlm.batch_generator import BatchGenerator
 from batchlm.errors import InvalidArgument
@@ -23,7 +28,8 @@ _STOP = object()
 
 class StaticBatchingService:
     def __init__(self, generator: BatchGenerator, metrics: ModelMetrics, batch_size: int,
-                 max_waiting: int, model_name: str) -> None:
+                 max_waiting: int, model_name: str, is_ready: Callable[[], bool] | None = None,
+                 watch_interval: float = 0.5) -> None:
         self._generator = generator
         self._metrics = metrics
         self._batch_size = batch_size
@@ -36,6 +42,10 @@ class StaticBatchingService:
         self._running = 0  # rows in the batch being run, read for metrics only
         self._worker = threading.Thread(target=self._run, name="batchlm-static", daemon=True)
         self._worker.start()
+        self._stop_watch = threading.Event()
+        if is_ready is not None:
+            threading.Thread(target=self._watch, args=(is_ready, watch_interval),
+                             name="batchlm-static-watch", daemon=True).start()
 
     def submit(self, raw_request) -> None:
         """Park one request, and release a batch when `batch_size` are parked."""
@@ -68,6 +78,13 @@ class StaticBatchingService:
         self._metrics.record_queue(waiting, self._running, *self._generator.kv_usage())
 
     def close(self, timeout: float = 60.0) -> None:
+        """Refuse new requests, fail parked ones, let a running batch finish, stop the threads."""
+        self._stop_watch.set()
+        self._fail_parked()
+        self._batches.put(_STOP)
+        self._worker.join(timeout)
+
+    def _fail_parked(self) -> None:
         with self._lock:
             self._closed = True
             parked, self._parked = self._parked, []
@@ -75,8 +92,17 @@ class StaticBatchingService:
                                       f"{self._batch_size} requests arrived")
         for _, sender in parked:
             triton_io.send_final_quietly(sender, triton_io.error_response(error))
-        self._batches.put(_STOP)
-        self._worker.join(timeout)
+
+    def _watch(self, is_ready: Callable[[], bool], interval: float) -> None:
+        while not self._stop_watch.wait(interval):
+            try:
+                ready = is_ready()
+            except Exception as exc:  # noqa: BLE001 - the server is going away; treat as not ready
+                triton_io.log_verbose(f"{self._name}: readiness check failed: {exc!r}")
+                ready = False
+            if not ready:
+                self._fail_parked()
+                return
 
     def _run(self) -> None:
         while (batch := self._batches.get()) is not _STOP:

@@ -107,3 +107,8 @@ def load_serving_config(args: dict, decoupled: bool) -> tuple[str, ServingConfig
         raise ValueError(f"{name}: model_transaction_policy.decoupled must be {str(decoupled).lower()}")
     serving = ServingConfig.from_parameters(parameters(config))
     return name, serving, resolve_model_dir(serving.model_dir)
+
+
+def readiness_probe(model_name: str):
+    """A callable telling whether Triton still holds this model ready (false once it is unloading)."""
+    return lambda: pb_utils.is_model_ready(model_name)

@@ -11,7 +11,7 @@ class TritonPythonModel:
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=True)
         generator = BatchGenerator.from_dir(model_dir, config.engine)
         self.service = StaticBatchingService(generator, ModelMetrics(name), config.batch_size,
-                                             config.max_waiting, name)
+                                             config.max_waiting, name, triton_io.readiness_probe(name))
 
     def execute(self, requests):
         for request in requests:
