@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,9 @@ class TritonServer:
     extra_args: tuple[str, ...] = ()
     install: TritonInstall | None = None
     process: subprocess.Popen | None = field(default=None, init=False)
+    # Python backend shared-memory regions of this server are named with this prefix, so stop() can
+    # remove the ones a killed stub leaves in /dev/shm.
+    shm_prefix: str = field(default_factory=lambda: f"batchlm_{uuid.uuid4().hex[:12]}_", init=False)
     _log_file: object = field(default=None, init=False, repr=False)
 
     @property
@@ -93,6 +97,7 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
             "--exit-timeout-secs=15",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *self.extra_args,
         ]
 
@@ -192,6 +197,8 @@ class TritonServer:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        for region in Path("/dev/shm").glob(self.shm_prefix + "*"):
+            region.unlink(missing_ok=True)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

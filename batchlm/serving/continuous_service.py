@@ -88,10 +88,11 @@ class ContinuousBatchingService:
     # -- the engine thread ------------------------------------------------------------------
     def _run(self) -> None:
         while True:
+            if not self._engine.has_unfinished():
+                self._metrics.record_idle()
             with self._lock:
                 while not self._closed and not self._inbox and not self._engine.has_unfinished():
-                    self._metrics.record_idle()
-                    self._wake.wait(timeout=0.5)
+                    self._wake.wait()
                 if self._closed:
                     return
                 incoming, self._inbox = self._inbox, []

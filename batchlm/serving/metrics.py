@@ -2,67 +2,94 @@
 
 All families carry the label `model`; Triton serves them on its metrics port next to its own
 `nv_inference_*` families. Names are shared by the three strategies so one query compares them.
+
+Each metric update is a message from the backend stub to the server, so updates are buffered here and
+pushed at most every `min_interval` seconds (and at once when the model goes idle): the engine thread
+steps every few milliseconds and must not pay a round trip per counter per step.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+
 import triton_python_backend_utils as pb_utils
 
-TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+_GAUGES = {
+    "forward_sequences": ("batchlm_forward_sequences", "Sequences in the most recent forward pass"),
+    "waiting": ("batchlm_waiting_requests", "Requests accepted but not yet running"),
+    "running": ("batchlm_running_requests", "Requests whose sequences are in the running batch"),
+    "kv_used": ("batchlm_kv_blocks_used", "KV-cache blocks allocated to sequences"),
+    "kv_total": ("batchlm_kv_blocks_total", "KV-cache blocks in the preallocated pool"),
+}
+_COUNTERS = {
+    "forward_passes": ("batchlm_forward_passes_total", "Forward passes run"),
+    "forward_sequences_total": ("batchlm_forward_sequences_total",
+                                "Sum over forward passes of the sequences in each"),
+    "generated_tokens": ("batchlm_generated_tokens_total", "Output tokens generated"),
+    "ttft_sum": ("batchlm_time_to_first_token_seconds_sum", "Sum of times to first token"),
+    "ttft_count": ("batchlm_time_to_first_token_seconds_count", "Requests that received a first token"),
+}
 
 
 class ModelMetrics:
-    """The metrics of one model instance; call the record_* methods from whichever thread steps."""
+    """The metrics of one model instance. Thread-safe: any thread may record."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, min_interval: float = 0.1) -> None:
         labels = {"model": model_name}
-        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
-
         # NOTE: a MetricFamily must outlive its Metrics, so the families are kept here.
         self._families = []
-
-        def metric(name: str, description: str, kind):
-            family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
-            self._families.append(family)
-            return family.Metric(labels=labels)
-
-        self.forward_sequences = metric(
-            "batchlm_forward_sequences", "Sequences in the most recent forward pass", gauge)
-        self.forward_passes = metric(
-            "batchlm_forward_passes_total", "Forward passes run", counter)
-        self.forward_sequences_total = metric(
-            "batchlm_forward_sequences_total", "Sum over forward passes of the sequences in each", counter)
-        self.waiting = metric(
-            "batchlm_waiting_requests", "Requests accepted but not yet running", gauge)
-        self.running = metric(
-            "batchlm_running_requests", "Requests whose sequences are in the running batch", gauge)
-        self.kv_used = metric(
-            "batchlm_kv_blocks_used", "KV-cache blocks allocated to sequences", gauge)
-        self.kv_total = metric(
-            "batchlm_kv_blocks_total", "KV-cache blocks in the preallocated pool", gauge)
-        self.generated_tokens = metric(
-            "batchlm_generated_tokens_total", "Output tokens generated", counter)
-        self.ttft_sum = metric(
-            "batchlm_time_to_first_token_seconds_sum", "Sum of times to first token", counter)
-        self.ttft_count = metric(
-            "batchlm_time_to_first_token_seconds_count", "Requests that received a first token", counter)
+        self._metrics = {}
+        for kind, table in ((pb_utils.MetricFamily.GAUGE, _GAUGES), (pb_utils.MetricFamily.COUNTER, _COUNTERS)):
+            for key, (name, description) in table.items():
+                family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+                self._families.append(family)
+                self._metrics[key] = family.Metric(labels=labels)
+        self._lock = threading.Lock()
+        self._gauges: dict[str, float] = {}  # pending gauge values, guarded by _lock
+        self._deltas: dict[str, float] = {key: 0.0 for key in _COUNTERS}  # pending counter increments
+        self._pushed: dict[str, float] = {}  # gauge values the server has, to skip unchanged ones
+        self._min_interval = min_interval
+        self._last_flush = 0.0
 
     def record_step(self, num_sequences: int, new_tokens: int) -> None:
-        self.forward_sequences.set(num_sequences)
-        self.forward_passes.increment(1)
-        self.forward_sequences_total.increment(num_sequences)
-        if new_tokens:
-            self.generated_tokens.increment(new_tokens)
+        with self._lock:
+            self._gauges["forward_sequences"] = num_sequences
+            self._deltas["forward_passes"] += 1
+            self._deltas["forward_sequences_total"] += num_sequences
+            self._deltas["generated_tokens"] += new_tokens
+        self._flush_if_due()
 
     def record_queue(self, waiting: int, running: int, kv_used: int, kv_total: int) -> None:
-        self.waiting.set(waiting)
-        self.running.set(running)
-        self.kv_used.set(kv_used)
-        self.kv_total.set(kv_total)
+        with self._lock:
+            self._gauges.update(waiting=waiting, running=running, kv_used=kv_used, kv_total=kv_total)
+        self._flush_if_due()
 
     def record_first_token(self, seconds: float) -> None:
-        self.ttft_sum.increment(seconds)
-        self.ttft_count.increment(1)
+        with self._lock:
+            self._deltas["ttft_sum"] += seconds
+            self._deltas["ttft_count"] += 1
+        self._flush_if_due()
 
     def record_idle(self) -> None:
-        self.forward_sequences.set(0)
+        """Nothing runs now: the last-forward gauge drops to 0 and everything pending is pushed."""
+        with self._lock:
+            self._gauges["forward_sequences"] = 0
+        self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            gauges = {k: v for k, v in self._gauges.items() if self._pushed.get(k) != v}
+            self._pushed.update(gauges)
+            self._gauges = {}
+            deltas = {k: v for k, v in self._deltas.items() if v}
+            self._deltas = {key: 0.0 for key in _COUNTERS}
+            self._last_flush = time.monotonic()
+        for key, value in gauges.items():
+            self._metrics[key].set(value)
+        for key, value in deltas.items():
+            self._metrics[key].increment(value)
+
+    def _flush_if_due(self) -> None:
+        if time.monotonic() - self._last_flush >= self._min_interval:
+            self.flush()
