@@ -26,11 +26,7 @@ class DynamicBatchingService:
         batch: list[tuple[int, object]] = []
         for i, raw in enumerate(raw_requests):
             try:
-                request = triton_io.parse_request(raw)
-                if request.stream:
-                    raise InvalidArgument("stream", f"{self._name} cannot stream: it is not decoupled and "
-                                          "answers once per request; use continuous_batching for stream=true")
-                self._generator.check_fits(request.prompt, request.params)
+                request = triton_io.parse_request_level(raw, self._generator, self._name)
             except InvalidArgument as exc:
                 responses[i] = triton_io.error_response(exc)
                 continue

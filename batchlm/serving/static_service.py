@@ -51,11 +51,7 @@ class StaticBatchingService:
         """Park one request, and release a batch when `batch_size` are parked."""
         sender = raw_request.get_response_sender()
         try:
-            request = triton_io.parse_request(raw_request)
-            if request.stream:
-                raise InvalidArgument("stream", f"{self._name} cannot stream: it answers when the whole "
-                                      "batch is done; use continuous_batching for stream=true")
-            self._generator.check_fits(request.prompt, request.params)
+            request = triton_io.parse_request_level(raw_request, self._generator, self._name)
         except InvalidArgument as exc:
             triton_io.send_final(sender, triton_io.error_response(exc))
             return

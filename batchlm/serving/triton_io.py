@@ -46,6 +46,17 @@ def parse_request(request) -> GenerateRequest:
     return parse_inputs(inputs)
 
 
+def parse_request_level(request, generator, model_name: str) -> GenerateRequest:
+    """Parse a request for a request-level batcher (static, dynamic): it cannot stream, and its
+    prompt + max_tokens must fit one row of the KV reservation. Raises InvalidArgument."""
+    parsed = parse_request(request)
+    if parsed.stream:
+        raise InvalidArgument("stream", f"{model_name} cannot stream: it answers once, when its whole batch "
+                              "is done; use continuous_batching for stream=true")
+    generator.check_fits(parsed.prompt, parsed.params)
+    return parsed
+
+
 def output_response(out: RequestOutput, text: str, batched: bool) -> "pb_utils.InferenceResponse":
     """A response carrying `text` and the counters of `out`; `batched` adds the batch dimension."""
     shape = (1, 1) if batched else (1,)

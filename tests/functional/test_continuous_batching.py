@@ -1,6 +1,5 @@
 """continuous_batching: per-step scheduling, streaming, cancellation frees KV within a step."""
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
