@@ -90,13 +90,18 @@ class StaticBatchingService:
             triton_io.send_final_quietly(sender, triton_io.error_response(error))
 
     def _watch(self, is_ready: Callable[[], bool], interval: float) -> None:
+        """Fail parked requests once Triton stops reporting this model ready. The model is not ready
+        while it loads either, so only a drop after it has been seen ready counts."""
+        seen_ready = False
         while not self._stop_watch.wait(interval):
             try:
                 ready = is_ready()
             except Exception as exc:  # noqa: BLE001 - the server is going away; treat as not ready
                 triton_io.log_verbose(f"{self._name}: readiness check failed: {exc!r}")
                 ready = False
-            if not ready:
+            if ready:
+                seen_ready = True
+            elif seen_ready:
                 self._fail_parked()
                 return
 

@@ -1,0 +1,161 @@
+"""What the Locust users share: command-line options, the seeded workload, failure kinds and reporting.
+
+Every locustfile here imports this module, so one set of custom arguments exists for all of them and
+travels from the master to the workers in distributed mode. Each option also reads an environment
+variable, so a run can be configured without a command line:
+
+    --model            BATCHLM_MODEL            static_batching | dynamic_batching | continuous_batching
+    --stream           BATCHLM_STREAM           auto (on for continuous_batching) | on | off
+    --workload-seed    BATCHLM_WORKLOAD_SEED    seed of the prompts and output lengths (as the benchmark)
+    --workload-requests BATCHLM_WORKLOAD_REQUESTS  distinct requests; users cycle through them in order
+    --output-mean      BATCHLM_OUTPUT_MEAN      mean output tokens (Exponential), default 128
+    --output-cap       BATCHLM_OUTPUT_CAP       most output tokens, default 512
+    --request-timeout  BATCHLM_REQUEST_TIMEOUT  seconds; far above any wait, so the server decides failures
+    --failure-wait     BATCHLM_FAILURE_WAIT     seconds a user backs off after a failed request (1)
+
+Each request is reported as Locust request events of request_type `TTFT` (time to the first response
+that carries output) and `E2E` (end to end), named `<protocol> <model>`, with the number of output tokens
+as the response length. A rejected or failed request is one `E2E` failure whose message is the server's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from locust import events
+
+# NOTE: Locust imports locustfiles by path; the repository root makes `client` and `batchlm` importable
+# whatever the working directory.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+if str(PROJECT_ROOT) not in sys.path:
+    sys.path.insert(0, str(PROJECT_ROOT))
+
+from client.triton_llm import request_fields  # noqa: E402
+from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noqa: E402
+
+MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
+STREAMING_MODELS = ("continuous_batching",)  # the models that send text as it is made
+
+
+@events.init_command_line_parser.add_listener
+def _add_arguments(parser) -> None:
+    """Custom arguments; Locust shows them in the web UI too, and sends them to workers."""
+    env = os.environ.get
+    parser.add_argument("--model", choices=MODELS, default=env("BATCHLM_MODEL", "continuous_batching"),
+                        help="model (batching strategy) to load [env BATCHLM_MODEL]")
+    parser.add_argument("--stream", choices=("auto", "on", "off"), default=env("BATCHLM_STREAM", "auto"),
+                        help="ask for streamed text; auto = on for continuous_batching [env BATCHLM_STREAM]")
+    parser.add_argument("--workload-seed", type=int, default=int(env("BATCHLM_WORKLOAD_SEED", "0")),
+                        help="seed of the benchmark's workload spec [env BATCHLM_WORKLOAD_SEED]")
+    parser.add_argument("--workload-requests", type=int, default=int(env("BATCHLM_WORKLOAD_REQUESTS", "200")),
+                        help="distinct requests in the workload [env BATCHLM_WORKLOAD_REQUESTS]")
+    parser.add_argument("--output-mean", type=float, default=float(env("BATCHLM_OUTPUT_MEAN", "128")),
+                        help="mean output length in tokens [env BATCHLM_OUTPUT_MEAN]")
+    parser.add_argument("--output-cap", type=int, default=int(env("BATCHLM_OUTPUT_CAP", "512")),
+                        help="longest output in tokens [env BATCHLM_OUTPUT_CAP]")
+    parser.add_argument("--request-timeout", type=float, default=float(env("BATCHLM_REQUEST_TIMEOUT", "900")),
+                        help="client-side limit per request, seconds [env BATCHLM_REQUEST_TIMEOUT]")
+    parser.add_argument("--failure-wait", type=float, default=float(env("BATCHLM_FAILURE_WAIT", "1")),
+                        help="seconds a user waits after a failed request [env BATCHLM_FAILURE_WAIT]")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The parsed custom arguments of one Locust process (the same on master and workers)."""
+
+    model: str
+    stream: bool
+    spec: WorkloadSpec
+    request_timeout: float
+    failure_wait: float  # NOTE: a rejected user retrying at once would spin, not measure
+
+    @classmethod
+    def from_environment(cls, environment) -> "LoadOptions":
+        o = environment.parsed_options
+        stream = o.model in STREAMING_MODELS if o.stream == "auto" else o.stream == "on"
+        spec = WorkloadSpec(seed=o.workload_seed, num_requests=o.workload_requests,
+                            output_mean=o.output_mean, output_cap=o.output_cap)
+        return cls(o.model, stream, spec, o.request_timeout, o.failure_wait)
+
+    def body(self, request: WorkloadRequest) -> dict:
+        """The request's schema fields: its prompt and length, EOS ignored so it makes exactly that many."""
+        return request_fields(request.prompt, request.max_tokens, ignore_eos=True, stream=self.stream)
+
+
+class RequestFeed:
+    """The workload's requests in order, round and round; users of one process share one feed.
+
+    Greenlets switch only on I/O, so `next()` needs no lock.
+    """
+
+    def __init__(self, requests: tuple[WorkloadRequest, ...]) -> None:
+        self._requests = requests
+        self._next = 0
+
+    def next(self) -> WorkloadRequest:
+        request = self._requests[self._next % len(self._requests)]
+        self._next += 1
+        return request
+
+
+@lru_cache(maxsize=None)
+def feed_for(spec: WorkloadSpec) -> RequestFeed:
+    """The process's feed for `spec`, built once (tokenizing the prompts takes a moment)."""
+    return RequestFeed(tuple(build_requests(spec)))
+
+
+class Overloaded(Exception):
+    """The server refused the request for capacity (UNAVAILABLE / 503 / queue full); its message kept."""
+
+
+class ServerError(Exception):
+    """Any other error answer from the server; its message kept."""
+
+
+# Words in Triton's answers that mean "no capacity now": the models' overload errors (UNAVAILABLE, which
+# reaches HTTP as 400 and a gRPC stream without a status) and Triton's own dynamic-batching queue limit
+# (HTTP 503). NOTE: a gRPC status UNAVAILABLE is the transport's (server unreachable), not an overload.
+_OVERLOAD_MARKS = ("overloaded", "exceeds maximum queue size")
+
+
+def failure(status: str, message: str) -> Exception:
+    """The Locust failure for an error answer: Overloaded or ServerError, `[status] message`."""
+    text = f"[{status}] {message}"
+    if status == "503" or any(mark in message.lower() for mark in _OVERLOAD_MARKS):
+        return Overloaded(text)
+    return ServerError(text)
+
+
+class RequestTimer:
+    """Times one request and reports its TTFT and E2E events to Locust."""
+
+    def __init__(self, environment, name: str) -> None:
+        self._events = environment.events
+        self.name = name
+        self.start_time = time.time()
+        self._start = time.perf_counter()
+        self.ttft_ms: float | None = None
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self._start) * 1000.0
+
+    def first_output(self, tokens: int) -> None:
+        """Call on every response; the first one carrying output is the TTFT event."""
+        if self.ttft_ms is None:
+            self.ttft_ms = self.elapsed_ms()
+            self._fire("TTFT", self.ttft_ms, tokens, None)
+
+    def done(self, tokens: int, exception: Exception | None = None, response_time_ms: float | None = None) -> None:
+        """The E2E event: a success with `tokens` output tokens, or a failure carrying `exception`."""
+        elapsed = self.elapsed_ms() if response_time_ms is None else response_time_ms
+        self._fire("E2E", elapsed, tokens, exception)
+
+    def _fire(self, kind: str, response_time_ms: float, tokens: int, exception: Exception | None) -> None:
+        self._events.request.fire(request_type=kind, name=self.name, response_time=response_time_ms,
+                                  response_length=tokens, exception=exception, context={},
+                                  start_time=self.start_time, url=None)

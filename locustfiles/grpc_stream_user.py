@@ -1,0 +1,102 @@
+"""Locust user on Triton's gRPC streaming API, built on tritonclient made gevent-safe.
+
+    locust -f locustfiles/grpc_stream_user.py --host 127.0.0.1:8001 --model continuous_batching
+
+Decoupled models (static_batching, continuous_batching) answer over the bidirectional stream, one or
+many responses per request; dynamic_batching (not decoupled) answers the same stream with one response.
+TTFT is the arrival of the first response carrying output, E2E the final one. Options and events: see
+common.py.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+from locust import User, constant, events, task
+
+# NOTE: locust has monkey-patched the standard library (threads, queues, sockets) by now; gRPC must
+# be told to cooperate with gevent before any channel exists, or its calls block the whole process.
+import grpc.experimental.gevent as grpc_gevent  # noqa: E402  isort: skip
+
+grpc_gevent.init_gevent()
+
+import tritonclient.grpc as grpcclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+import common  # noqa: E402
+from client.triton_llm import _chunk_from_grpc, _grpc_inputs  # noqa: E402
+
+
+@events.init.add_listener
+def _check_options(environment, **_kwargs) -> None:
+    common.LoadOptions.from_environment(environment)  # fail at start on a bad option, not per request
+
+
+class TritonGrpcStreamUser(User):
+    """One closed-loop client with its own tritonclient gRPC connection; one request in flight."""
+
+    host = "127.0.0.1:8001"
+    wait_time = constant(0)
+
+    def __init__(self, environment) -> None:
+        super().__init__(environment)
+        self.options = common.LoadOptions.from_environment(environment)
+        self.feed = common.feed_for(self.options.spec)
+        self.triton: grpcclient.InferenceServerClient | None = None
+        self.batched = False
+
+    def on_start(self) -> None:
+        url = self.host.split("://", 1)[-1]  # tritonclient takes host:port, no scheme
+        self.triton = grpcclient.InferenceServerClient(url)
+        config = self.triton.get_model_config(self.options.model, as_json=True,
+                                              client_timeout=self.options.request_timeout)["config"]
+        self.batched = int(config.get("max_batch_size", 0)) > 0  # inputs then carry a batch dimension
+
+    def on_stop(self) -> None:
+        if self.triton is not None:
+            self.triton.close()
+            self.triton = None
+
+    @task
+    def generate(self) -> None:
+        timer = common.RequestTimer(self.environment, f"grpc {self.options.model}")
+        inputs = _grpc_inputs(self.options.body(self.feed.next()), self.batched)
+        responses: queue.Queue = queue.Queue()
+        self.triton.start_stream(callback=lambda result, error: responses.put((result, error)),
+                                 stream_timeout=self.options.request_timeout)
+        try:
+            self.triton.async_stream_infer(self.options.model, inputs, enable_empty_final_response=True)
+            tokens, error = self._drain(responses, timer)
+        finally:
+            # NOTE: cancels the request on the server if this user is stopped mid-request.
+            self.triton.stop_stream(cancel_requests=True)
+        timer.done(tokens, error)
+        if error is not None:
+            time.sleep(self.options.failure_wait)  # gevent's sleep: locust has patched time
+
+    def _drain(self, responses: queue.Queue, timer: common.RequestTimer) -> tuple[int, Exception | None]:
+        """Read responses until the final one: output tokens, and the failure (None on success)."""
+        tokens = 0
+        while True:
+            try:
+                result, error = responses.get(timeout=self.options.request_timeout)
+            except queue.Empty:
+                return tokens, common.ServerError(f"[timeout] no response in {self.options.request_timeout}s")
+            if error is not None:
+                return tokens, _failure(error)
+            response = result.get_response()
+            if response.outputs:
+                chunk = _chunk_from_grpc(result)
+                tokens = chunk.num_output_tokens
+                if chunk.text or tokens:
+                    timer.first_output(tokens)
+            final = response.parameters.get("triton_final_response")
+            if final is None or final.bool_param:  # no flag: a non-decoupled model's only response
+                return tokens, None
+
+
+def _failure(error: InferenceServerException) -> Exception:
+    # NOTE: an error the model sends on the stream carries no gRPC status, only Triton's message.
+    status = error.status() or "stream"
+    return common.failure(str(status), error.message() or str(error))

@@ -1,0 +1,105 @@
+"""Locust user on Triton's HTTP generate endpoints, for every model.
+
+    locust -f locustfiles/http_user.py --host http://127.0.0.1:8000 --model dynamic_batching
+
+Each user keeps one request in flight (closed loop), drawn in order from the benchmark's seeded workload.
+With streaming on (default for continuous_batching) it posts to `/v2/models/<m>/generate_stream` and
+reads the server-sent events as they arrive, so TTFT is the first event carrying output; otherwise it
+posts to `/generate` and TTFT equals E2E (the whole answer is the first response). Options and events:
+see common.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from locust import constant, events, task
+from locust.contrib.fasthttp import FastHttpUser
+
+import common
+
+
+@events.init.add_listener
+def _check_options(environment, **_kwargs) -> None:
+    common.LoadOptions.from_environment(environment)  # fail at start on a bad option, not per request
+
+
+class TritonHttpUser(FastHttpUser):
+    """One closed-loop client of `/generate` or `/generate_stream`."""
+
+    host = "http://127.0.0.1:8000"
+    wait_time = constant(0)
+
+    def __init__(self, environment) -> None:
+        self.options = common.LoadOptions.from_environment(environment)
+        # NOTE: the server decides every failure (it rejects on overload at once); a client timeout
+        # far beyond any queueing keeps the client from ever being the cause.
+        self.network_timeout = self.connection_timeout = self.options.request_timeout
+        super().__init__(environment)
+        self.feed = common.feed_for(self.options.spec)
+
+    @task
+    def generate(self) -> None:
+        model = self.options.model
+        endpoint = "generate_stream" if self.options.stream else "generate"
+        timer = common.RequestTimer(self.environment, f"http {model}")
+        # NOTE: identity encoding: a compressed event stream could not be read event by event.
+        with self.client.post(f"/v2/models/{model}/{endpoint}", json=self.options.body(self.feed.next()),
+                              name=timer.name, catch_response=True, stream=True,
+                              headers={"Accept-Encoding": "identity"}) as response:
+            tokens, error = _read(response, timer, self.options.stream)
+            response.request_meta.update(request_type="E2E", response_time=timer.elapsed_ms(),
+                                         response_length=tokens)
+            if error is None:
+                response.success()
+            else:
+                response.failure(error)
+        if error is not None:
+            time.sleep(self.options.failure_wait)  # gevent's sleep: locust has patched time
+
+
+def _read(response, timer: common.RequestTimer, stream: bool) -> tuple[int, Exception | None]:
+    """Output tokens and the failure (None on success) of one answer, reporting TTFT on the way."""
+    if response.status_code == 0:  # no HTTP answer at all: connection refused or reset
+        return 0, common.ServerError(f"[connection] {response.error}")
+    if response.status_code != 200:
+        return 0, common.failure(str(response.status_code), _error_message(response.content))
+    if not stream:
+        body = json.loads(response.content)
+        tokens = _scalar(body["num_output_tokens"])
+        timer.first_output(tokens)
+        return tokens, None
+    tokens = 0
+    for event in _sse_events(response):
+        if "error" in event:
+            return tokens, common.failure("stream", event["error"])
+        tokens = _scalar(event["num_output_tokens"])
+        if event.get("text_output") or tokens:
+            timer.first_output(tokens)
+    return tokens, None
+
+
+def _sse_events(response):
+    """The JSON payloads of a server-sent event stream, each as soon as its line arrives."""
+    # NOTE: the public readline() splits on b"\r\n"; Triton ends event lines with b"\n" only.
+    while line := response._response.readline(b"\n"):
+        line = line.strip()
+        if line.startswith(b"data:"):
+            yield json.loads(line[len(b"data:"):])
+
+
+def _error_message(content: bytes | None) -> str:
+    """Triton's message from an error body: `{"error": ...}`, or one event `data: {"error": ...}` when
+    /generate_stream refuses a request before streaming."""
+    text = (content or b"").decode(errors="replace").strip()
+    try:
+        return json.loads(text.removeprefix("data:"))["error"]
+    except (ValueError, KeyError, TypeError):
+        return text
+
+
+def _scalar(value) -> int:
+    while isinstance(value, list):
+        value = value[0]
+    return int(value)

@@ -1,0 +1,165 @@
+"""The Locust files against a real server: clean short runs, overload past capacity, distributed mode.
+
+Every Locust process runs headless with a run-time limit, under a subprocess timeout, in its own process
+group that is killed whatever happens, and talks to 127.0.0.1 only. Outputs are kept short (mean 16,
+cap 32 tokens) so each run is seconds on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchlm.triton_server import PROJECT_ROOT, TritonServer, free_port
+
+LOCUST = str(Path(sys.executable).parent / "locust")
+GRPC_USER = "locustfiles/grpc_stream_user.py"
+HTTP_USER = "locustfiles/http_user.py"
+STEP_LOAD = "locustfiles/step_load.py"
+SHORT_OUTPUTS = ("--output-mean", "16", "--output-cap", "32")
+
+
+def _host(server, locustfile: str) -> str:
+    return server.grpc_url if locustfile.startswith(GRPC_USER) else f"http://{server.http_url}"
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen([LOCUST, *args], cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _end(process: subprocess.Popen) -> None:
+    """Kill the process group if anything is left of it (a finished run leaves nothing)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=10)
+
+
+def _run(args: list[str], log: Path, timeout: float) -> int:
+    process = _start(args, log)
+    try:
+        return process.wait(timeout=timeout)
+    finally:
+        _end(process)
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _event_rows(prefix: Path) -> dict[str, dict]:
+    """`<Type> <Name>` -> row of the stats CSV, the Aggregated row left out."""
+    return {f"{r['Type']} {r['Name']}": r for r in _rows(Path(f"{prefix}_stats.csv")) if r["Type"]}
+
+
+@pytest.mark.parametrize("locustfile, model, users", [
+    (GRPC_USER, "continuous_batching", 4),
+    (GRPC_USER, "static_batching", 8),  # a full batch; gRPC cancels what is parked when the run stops
+    (GRPC_USER, "dynamic_batching", 4),
+    (HTTP_USER, "continuous_batching", 4),  # /generate_stream
+    (HTTP_USER, "dynamic_batching", 4),  # /generate
+])
+def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, users):
+    prefix = tmp_path / "run"
+    rc = _run(["-f", locustfile, "--headless", "--host", _host(server, locustfile), "--model", model,
+               "-u", str(users), "-r", str(users), "-t", "8s", "--csv", str(prefix), *SHORT_OUTPUTS],
+              tmp_path / "locust.log", timeout=90)
+    log = (tmp_path / "locust.log").read_text()
+    assert rc == 0, log[-3000:]
+    assert _rows(Path(f"{prefix}_failures.csv")) == []
+    protocol = "grpc" if locustfile == GRPC_USER else "http"
+    rows = _event_rows(prefix)
+    assert set(rows) == {f"TTFT {protocol} {model}", f"E2E {protocol} {model}"}, rows
+    for row in rows.values():
+        assert int(row["Request Count"]) > 0 and int(row["Failure Count"]) == 0, row
+        assert float(row["Average Content Size"]) > 0  # output tokens
+    if model == "continuous_batching":  # streamed: the first token comes well before the last
+        assert float(rows[f"TTFT {protocol} {model}"]["Average Response Time"]) < \
+            float(rows[f"E2E {protocol} {model}"]["Average Response Time"])
+
+
+def overload_repository(path: Path) -> Path:
+    """A copy of the model repository that overloads at a few users: static and continuous admit 8
+    and 4 waiting requests, dynamic batching queues 4. model_dir is made absolute."""
+    shutil.copytree(PROJECT_ROOT / "model_repository", path, ignore=shutil.ignore_patterns("__pycache__"))
+    checkpoint = PROJECT_ROOT / "models" / "default"
+    for config in path.glob("*/config.pbtxt"):
+        waiting = "8" if config.parent.name == "static_batching" else "4"
+        text = config.read_text().replace('"models/default"', f'"{checkpoint}"')
+        text = re.sub(r'(key: "max_waiting" value: \{ string_value: )"\d+"', rf'\1"{waiting}"', text)
+        config.write_text(re.sub(r"max_queue_size: \d+", "max_queue_size: 4", text))
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("overload")
+    srv = TritonServer(model_repository=overload_repository(base / "model_repository"),
+                       http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                       log_path=base / "server.log")
+    srv.start(timeout=300)
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("locustfile, model, message", [
+    (GRPC_USER, "static_batching", "[stream] static_batching is overloaded: 8 requests already waiting"),
+    (HTTP_USER, "dynamic_batching", "[503] [request id: <id_unknown>] Exceeds maximum queue size"),
+    (HTTP_USER, "continuous_batching", "[400] continuous_batching is overloaded: 4 requests already waiting"),
+])
+def test_step_load_past_capacity_fails_with_tritons_message(small_server, tmp_path, locustfile, model, message):
+    prefix = tmp_path / "run"
+    rc = _run(["-f", f"{locustfile},{STEP_LOAD}", "--headless", "--host", _host(small_server, locustfile),
+               "--model", model, "--step-users", "8", "--step-time", "4", "--steps", "3",
+               "--csv", str(prefix), *SHORT_OUTPUTS],
+              tmp_path / "locust.log", timeout=90)
+    log = (tmp_path / "locust.log").read_text()
+    assert rc == 1, log[-3000:]  # Locust's exit code when requests failed
+    failures = _rows(Path(f"{prefix}_failures.csv"))
+    assert failures, log[-3000:]
+    for row in failures:  # every failure is a rejection carrying Triton's message: no timeouts, no others
+        assert row["Method"] == "E2E" and row["Error"] == f"Overloaded({message!r})", row
+    e2e = _event_rows(prefix)[f"E2E {'grpc' if locustfile == GRPC_USER else 'http'} {model}"]
+    assert int(e2e["Request Count"]) > int(e2e["Failure Count"]) > 0  # served up to capacity, then refused
+
+
+def test_distributed_run_aggregates_two_workers(server, tmp_path):
+    port = free_port()
+    prefix = tmp_path / "run"
+    locustfile = ["-f", GRPC_USER]
+    master = _start([*locustfile, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+                     "--expect-workers", "2", "--headless", "--host", server.grpc_url,
+                     "--model", "continuous_batching", "-u", "4", "-r", "4", "-t", "10s", "--csv", str(prefix),
+                     *SHORT_OUTPUTS], tmp_path / "master.log")
+    # DEBUG: a worker logs the users it spawned only at that level.
+    workers = [_start([*locustfile, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port),
+                       "--loglevel", "DEBUG"], tmp_path / f"worker{i}.log") for i in range(2)]
+    try:
+        rc = master.wait(timeout=120)
+        for worker in workers:
+            worker.wait(timeout=30)  # workers quit when the master does
+    finally:
+        for process in [master, *workers]:
+            _end(process)
+    log = (tmp_path / "master.log").read_text()
+    assert rc == 0, log[-3000:]
+    assert "to 2 ready workers" in log
+    for i in range(2):  # each worker ran its share of the 4 users
+        worker_log = (tmp_path / f"worker{i}.log").read_text()
+        assert re.search(r"\b2 users spawned", worker_log), worker_log[-3000:]
+    rows = _event_rows(prefix)
+    assert set(rows) == {"TTFT grpc continuous_batching", "E2E grpc continuous_batching"}
+    for row in rows.values():
+        assert int(row["Request Count"]) > 0 and int(row["Failure Count"]) == 0, row
