@@ -4,7 +4,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PY := .venv/bin/python
 
-.PHONY: setup serve test unit bench-engine clean
+.PHONY: setup serve test unit bench-engine compare clean
 
 setup:
 	@scripts/setup.sh
@@ -20,6 +20,11 @@ unit: setup
 
 bench-engine: setup
 	$(PY) scripts/bench_engine.py
+
+# The measured comparison of the three strategies (~15 min on 2 cores); results/compare/, and the
+# table and plots copied to docs/results/. COMPARE_ARGS="--lock-file /tmp/x.lock" to share the CPU.
+compare: setup
+	$(PY) scripts/compare.py --out results/compare --publish docs/results $(COMPARE_ARGS)
 
 clean:
 	rm -rf .venv .triton .cache models results

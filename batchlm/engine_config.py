@@ -28,6 +28,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512     # per-step token budget (decode tokens + prefill chunks)
     enable_chunked_prefill: bool = True   # split long prompts over steps to fit the token budget
     max_model_len: int = 1024             # prompt + max_tokens must fit in this many tokens
+    pad_finished_rows: bool = True        # request-level batching only: a finished row stays in the
+                                          # forward pass as padding until its batch ends, as in
+                                          # fixed-shape batch tensors (HF generate); False drops it
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -38,8 +41,9 @@ class EngineConfig:
         for name in ("block_size", "num_kv_blocks", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len"):
             _require_int(name, getattr(self, name), minimum=1)
-        if not isinstance(self.enable_chunked_prefill, bool):
-            raise InvalidArgument("enable_chunked_prefill", "must be a bool")
+        for name in ("enable_chunked_prefill", "pad_finished_rows"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgument(name, "must be a bool")
         if self.max_model_len > self.num_kv_blocks * self.block_size:
             raise InvalidArgument(
                 "num_kv_blocks",

@@ -38,7 +38,7 @@ class ModelRunner:
             rows = [i for i, item in enumerate(output.scheduled) if item.samples]
             if not rows:
                 return {}
-            if len(rows) < len(output.scheduled):
+            if len(rows) < logits.shape[0]:
                 logits = logits[rows]                                       # (S', vocab)
             seqs = [output.scheduled[i].seq for i in rows]
             tokens = self.sampler.sample(
@@ -46,7 +46,7 @@ class ModelRunner:
         return {seq.request_id: token for seq, token in zip(seqs, tokens)}
 
     def prepare(self, output: SchedulerOutput) -> ForwardBatch:
-        """Flatten the scheduled tokens of all sequences into one ForwardBatch."""
+        """Flatten the scheduled tokens of all sequences, then the padding rows, into one ForwardBatch."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -64,6 +64,16 @@ class ModelRunner:
             query_lens.append(item.num_tokens)
             context_lens.append(end)
             tables.append(table[:-(-end // bs)])
+        for seq in output.padding:
+            # NOTE: a padding row re-feeds its last cached token at its own position: the K/V it
+            # writes are the ones already in that slot, so the row costs compute and changes nothing.
+            pos = seq.num_computed_tokens - 1
+            input_ids += seq.token_ids(pos, pos + 1)
+            positions.append(pos)
+            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
+            query_lens.append(1)
+            context_lens.append(pos + 1)
+            tables.append(seq.block_table[:pos // bs + 1])
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
         logits_indices, last = [], -1

@@ -10,6 +10,10 @@ Policy, per step, under a token budget of `max_num_batched_tokens`:
 2. then waiting sequences, FIFO, while `len(running) < max_num_seqs`, the budget has room and free
    blocks cover what is scheduled. The head of the queue is never skipped, so nothing starves.
 Finished and aborted sequences free their blocks at once, so a waiting one can run at the next step.
+
+Request-level batching (RESERVE_FULL with `config.pad_finished_rows`): a finished sequence keeps its
+blocks and rides along in every later forward pass as a padding row (`SchedulerOutput.padding`) until
+no sequence of the batch is running, as fixed-shape batch tensors do; then all of them are freed.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class ScheduledSequence:
 class SchedulerOutput:
     scheduled: tuple[ScheduledSequence, ...]
     preempted: tuple[Sequence, ...]     # sent back to waiting this step (KV to be recomputed)
+    padding: tuple[Sequence, ...] = ()  # finished rows computed as padding, outputs discarded
 
     @property
     def is_empty(self) -> bool:
@@ -70,6 +75,8 @@ class Scheduler:
         self.policy = policy
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in admission order
+        self.padding: list[Sequence] = []          # finished rows kept as padding (request-level)
+        self._pad = policy is KVPolicy.RESERVE_FULL and config.pad_finished_rows
         self._unfinished: dict[str, Sequence] = {}
         self.num_preemptions = 0
 
@@ -93,6 +100,7 @@ class Scheduler:
             self.waiting.remove(seq)
         self._release(seq)
         seq.finish(FinishReason.CANCELLED)
+        self._release_padding_if_idle()
         return seq
 
     def has_unfinished(self) -> bool:
@@ -106,7 +114,8 @@ class Scheduler:
         budget = self._schedule_running(scheduled, preempted, self.config.max_num_batched_tokens)
         if not preempted:  # NOTE: under block pressure, admitting more would only thrash
             self._admit_waiting(scheduled, budget)
-        return SchedulerOutput(tuple(scheduled), tuple(preempted))
+        padding = tuple(self.padding) if scheduled else ()
+        return SchedulerOutput(tuple(scheduled), tuple(preempted), padding)
 
     def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[Sequence]:
         """Record what the step computed; `sampled` maps request id -> token for every entry with
@@ -122,7 +131,8 @@ class Scheduler:
                 updated.append(seq)
                 if seq.is_finished:
                     self.running.remove(seq)
-                    self._release(seq)
+                    self._retire(seq)
+        self._release_padding_if_idle()
         return updated
 
     # --- helpers ---
@@ -177,6 +187,23 @@ class Scheduler:
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def _retire(self, seq: Sequence) -> None:
+        """A sequence finished: free its blocks, or keep it as a padding row of its batch."""
+        if not self._pad:
+            self._release(seq)
+            return
+        self._unfinished.pop(seq.request_id, None)
+        self.padding.append(seq)
+
+    def _release_padding_if_idle(self) -> None:
+        """The batch is over once nothing runs: its padding rows give their blocks back."""
+        if self.running or not self.padding:
+            return
+        for seq in self.padding:
+            self.allocator.free(seq.block_table)
+            seq.block_table = []
+        self.padding = []
 
     def _release(self, seq: Sequence) -> None:
         self.allocator.free(seq.block_table)

@@ -99,6 +99,16 @@ def log_verbose(message: str) -> None:
     pb_utils.Logger.log_verbose(message)
 
 
+def send_quietly(sender, response) -> bool:
+    """A non-final send (a stream's chunk); False, logged, if the client is gone."""
+    try:
+        sender.send(response)
+    except Exception as exc:  # noqa: BLE001 - the client is gone; the caller aborts the request
+        log_verbose(f"could not send a response: {exc!r}")
+        return False
+    return True
+
+
 def send_final_quietly(sender, response) -> None:
     """Final send to a client that may be gone; a failure is logged, never raised into a worker."""
     try:

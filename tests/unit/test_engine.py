@@ -48,15 +48,21 @@ def test_greedy_alone_equals_inside_a_mixed_batch(parts, alone):
         assert b.finish_reason is FinishReason.LENGTH and len(b.token_ids) == b.num_output_tokens == n
 
 
-def test_batch_generator_equals_engine(parts, alone):
-    generator = BatchGenerator(*parts, EngineConfig(num_kv_blocks=64, max_model_len=256))
-    steps = []
+@pytest.mark.parametrize("pad", [True, False])
+def test_batch_generator_equals_engine(parts, alone, pad):
+    generator = BatchGenerator(*parts, EngineConfig(num_kv_blocks=64, max_model_len=256,
+                                                    pad_finished_rows=pad))
+    steps, widths = [], []
+    run = generator.engine.runner.run
+    generator.engine.runner.run = lambda out: (widths.append(len(out.scheduled) + len(out.padding)),
+                                               run(out))[1]
     outputs = generator.generate([(p, greedy(n)) for p, n in zip(PROMPTS, MAX_TOKENS)],
                                  on_step=lambda seqs, tokens: steps.append((seqs, tokens)))
     assert [o.token_ids for o in outputs] == [a.token_ids for a in alone]
     assert [o.text for o in outputs] == [a.text for a in alone]
     assert sum(tokens for _, tokens in steps) == sum(MAX_TOKENS)
-    assert steps[0] == (4, 4) and steps[-1] == (1, 1)  # finished rows leave the forward pass
+    assert steps[0] == (4, 4) and steps[-1] == (1, 1)  # on_step counts only unfinished rows
+    assert widths[-1] == (4 if pad else 1)  # padded: finished rows stay in the forward pass
     assert generator.kv_usage() == (0, 64)
 
 

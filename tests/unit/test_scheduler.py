@@ -41,7 +41,7 @@ def check_invariants(sched: Scheduler, output: SchedulerOutput) -> None:
     assert output.num_batched_tokens <= config.max_num_batched_tokens
     assert len(output.scheduled) <= config.max_num_seqs
     assert len(sched.running) <= config.max_num_seqs
-    tables = [b for seq in sched.running for b in seq.block_table]
+    tables = [b for seq in sched.running + sched.padding for b in seq.block_table]
     assert len(tables) == len(set(tables)) == sched.allocator.num_used
     for item in output.scheduled:
         seq = item.seq
@@ -234,3 +234,35 @@ def test_non_chunked_prefill_waits_for_a_whole_prompt():
     assert [(s.seq, s.num_tokens) for s in output.scheduled] == [(a, 40)]
     output = step(sched)
     assert [(s.seq, s.num_tokens) for s in output.scheduled] == [(a, 1), (b, 30)]
+
+
+def test_request_level_batch_keeps_finished_rows_as_padding_until_it_ends():
+    sched = make_scheduler(KVPolicy.RESERVE_FULL)
+    short, long = make_seq(prompt_len=4, max_tokens=1), make_seq(prompt_len=4, max_tokens=4)
+    sched.add(short)
+    sched.add(long)
+    outputs = run_to_completion(sched)
+    assert [len(o.scheduled) + len(o.padding) for o in outputs] == [2, 2, 2, 2]
+    assert outputs[1].padding == (short,) and outputs[0].padding == ()
+    assert short.is_finished and long.is_finished
+    assert sched.padding == [] and sched.allocator.num_used == 0
+
+
+def test_padding_is_off_for_on_demand_and_when_disabled():
+    for sched in (make_scheduler(KVPolicy.ON_DEMAND),
+                  make_scheduler(KVPolicy.RESERVE_FULL, pad_finished_rows=False)):
+        sched.add(make_seq(prompt_len=4, max_tokens=1))
+        sched.add(make_seq(prompt_len=4, max_tokens=4))
+        assert all(not o.padding for o in run_to_completion(sched))
+        assert sched.allocator.num_used == 0
+
+
+def test_abort_of_the_last_running_row_frees_the_padding():
+    sched = make_scheduler(KVPolicy.RESERVE_FULL)
+    short, long = make_seq(prompt_len=4, max_tokens=1), make_seq(prompt_len=4, max_tokens=8)
+    sched.add(short)
+    sched.add(long)
+    step(sched)
+    assert sched.padding == [short]
+    sched.abort(long.request_id)
+    assert sched.padding == [] and sched.allocator.num_used == 0

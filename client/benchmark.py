@@ -1,0 +1,170 @@
+"""The serving benchmark: sends a seeded workload to one model, open or closed loop, and measures it.
+
+    config = BenchmarkConfig("continuous_batching", arrival=ArrivalSpec.closed_loop(32))
+    run = Benchmark(config).run(build_requests(WorkloadSpec(num_requests=64)))
+
+Every request asks for exactly its length (`ignore_eos`, greedy). Models that stream are read over a
+gRPC stream (true TTFT and inter-token gaps); the others answer once, so their TTFT is their E2E.
+One LLMClient per thread: tritonclient and requests clients are not thread-safe.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from client.arrivals import CLOSED, ArrivalSpec
+from client.metrics_timeline import MetricsTimeline
+from client.request_record import SLO, RequestRecord, summarize
+from client.triton_llm import LLMClient, RequestFailed, collect
+from client.workload import WorkloadRequest
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    model: str
+    http_url: str = "127.0.0.1:8000"
+    grpc_url: str = "127.0.0.1:8001"
+    metrics_url: str | None = "http://127.0.0.1:8002/metrics"  # None: no timeline
+    arrival: ArrivalSpec = field(default_factory=ArrivalSpec)
+    stream: bool | None = None     # None: stream when the model can (decoupled and accepts stream)
+    slo: SLO = field(default_factory=SLO)
+    timeout: float = 900.0         # per request, seconds
+    max_open_in_flight: int = 512  # open loop: threads available to requests in flight
+
+
+@dataclass
+class BenchmarkRun:
+    config: BenchmarkConfig
+    streamed: bool
+    records: list[RequestRecord]
+    duration: float
+    timeline: list[dict]
+
+    @property
+    def summary(self) -> dict:
+        return summarize(self.records, self.duration, self.config.slo)
+
+
+def can_stream(llm: LLMClient, model: str) -> bool:
+    """Decoupled and accepts `stream: true` (static batching is decoupled but refuses it)."""
+    if not llm.is_decoupled(model):
+        return False
+    try:
+        collect(llm.stream_grpc(model, "hello", 1, stream=True))
+    except RequestFailed as exc:
+        if "stream" in exc.message:
+            return False
+        raise
+    return True
+
+
+class Benchmark:
+    def __init__(self, config: BenchmarkConfig) -> None:
+        self.config = config
+        self._local = threading.local()
+        self._clients: list[LLMClient] = []
+        self._clients_lock = threading.Lock()
+        self._streamed = False
+        self._t0 = 0.0
+
+    def run(self, requests: list[WorkloadRequest]) -> BenchmarkRun:
+        """Send every request and wait for all answers; failures are recorded, not raised."""
+        probe = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout)
+        try:
+            self._streamed = can_stream(probe, self.config.model) if self.config.stream is None \
+                else self.config.stream
+        finally:
+            probe.close()
+        timeline = MetricsTimeline(self.config.metrics_url, self.config.model) \
+            if self.config.metrics_url else None
+        try:
+            if timeline is not None:
+                timeline.__enter__()
+            self._t0 = time.perf_counter()
+            if self.config.arrival.mode == CLOSED:
+                records = self._closed_loop(requests)
+            else:
+                records = self._open_loop(requests)
+            duration = max((r.sent_at + r.latency for r in records), default=0.0)
+        finally:
+            if timeline is not None:
+                timeline.__exit__(None, None, None)
+            for llm in self._clients:
+                llm.close()
+        samples = timeline.as_dicts() if timeline is not None else []
+        return BenchmarkRun(self.config, self._streamed, records, duration, samples)
+
+    # -- arrival processes ---------------------------------------------------------------------
+    def _closed_loop(self, requests: list[WorkloadRequest]) -> list[RequestRecord]:
+        todo: queue.Queue = queue.Queue()
+        for request in requests:
+            todo.put(request)
+        records: list[RequestRecord] = []
+
+        def worker() -> None:
+            while True:
+                try:
+                    request = todo.get_nowait()
+                except queue.Empty:
+                    return
+                records.append(self._send(request))  # NOTE: list.append is atomic
+
+        threads = [threading.Thread(target=worker, name=f"bench-{i}", daemon=True)
+                   for i in range(self.config.arrival.concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sorted(records, key=lambda r: r.index)
+
+    def _open_loop(self, requests: list[WorkloadRequest]) -> list[RequestRecord]:
+        times = self.config.arrival.send_times(len(requests))
+        workers = min(len(requests), self.config.max_open_in_flight)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bench") as pool:
+            futures = []
+            for at, request in zip(times, requests):
+                delay = self._t0 + at - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                futures.append(pool.submit(self._send, request))
+            return [f.result() for f in futures]
+
+    # -- one request ---------------------------------------------------------------------------
+    def _client(self) -> LLMClient:
+        llm = getattr(self._local, "llm", None)
+        if llm is None:
+            llm = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout)
+            self._local.llm = llm
+            with self._clients_lock:
+                self._clients.append(llm)
+        return llm
+
+    def _send(self, request: WorkloadRequest) -> RequestRecord:
+        llm = self._client()
+        record = RequestRecord(request.index, request.prompt_tokens, request.max_tokens)
+        start = time.perf_counter()
+        record.sent_at = start - self._t0
+        options = dict(ignore_eos=True, temperature=0.0)
+        try:
+            if self._streamed:
+                chunks = llm.stream_grpc(self.config.model, request.prompt, request.max_tokens,
+                                         stream=True, **options)
+                result = collect(chunks, start)
+            else:
+                result = llm.infer_grpc(self.config.model, request.prompt, request.max_tokens, **options)
+        except RequestFailed as exc:
+            record.error, record.error_message = exc.status, exc.message
+            record.latency = time.perf_counter() - start
+            return record
+        except (OSError, RuntimeError, queue.Empty) as exc:  # transport failures, timeouts
+            record.error, record.error_message = type(exc).__name__, str(exc)
+            record.latency = time.perf_counter() - start
+            return record
+        record.ttft, record.latency = result.ttft, result.latency
+        record.num_output_tokens = result.num_output_tokens
+        record.chunk_times = result.chunk_times if self._streamed else []
+        return record

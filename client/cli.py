@@ -1,0 +1,101 @@
+"""Command line client: send one request to any model by name and print its text and timings.
+
+    python -m client generate continuous_batching "Once upon a time" --max-tokens 32
+    python -m client generate dynamic_batching "Hello" --max-tokens 16 --protocol http
+    python -m client info static_batching
+
+Decoupled models are read as a gRPC stream and the text is printed as it arrives (models that refuse
+`stream: true`, like static_batching, are asked again for one answer); others answer once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from client.triton_llm import LLMClient, RequestFailed, Result, collect
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m client", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--http", default="127.0.0.1:8000", help="HTTP host:port")
+    p.add_argument("--grpc", default="127.0.0.1:8001", help="gRPC host:port")
+    sub = p.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="send one request and print the answer")
+    gen.add_argument("model")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    gen.add_argument("--no-stream", action="store_true", help="ask for one answer even if it can stream")
+    gen.add_argument("--temperature", type=float)
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    info = sub.add_parser("info", help="print the model's inputs, outputs and batching flags")
+    info.add_argument("model")
+    return p.parse_args(argv)
+
+
+def options(args: argparse.Namespace) -> dict:
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                stop=args.stop, ignore_eos=args.ignore_eos or None)
+
+
+def generate(llm: LLMClient, args: argparse.Namespace) -> tuple[Result, bool]:
+    """The result, and whether its text was already printed while streaming."""
+    opts = options(args)
+    if args.protocol == "http":
+        return llm.generate(args.model, args.prompt, args.max_tokens, **opts), False
+    if args.no_stream or not llm.is_decoupled(args.model):
+        return llm.infer_grpc(args.model, args.prompt, args.max_tokens, **opts), False
+    start = time.perf_counter()
+    try:
+        chunks = llm.stream_grpc(args.model, args.prompt, args.max_tokens, stream=True, **opts)
+        return collect(_echo(chunks), start), True
+    except RequestFailed as exc:
+        if "stream" not in exc.message:  # NOTE: e.g. static_batching: decoupled, but cannot stream
+            raise
+        return llm.infer_grpc(args.model, args.prompt, args.max_tokens, **opts), False
+
+
+def _echo(chunks):
+    for chunk in chunks:
+        print(chunk.text, end="", flush=True)
+        yield chunk
+
+
+def info(llm: LLMClient, model: str) -> dict:
+    config = llm.model_config(model)
+    return {
+        "name": config["name"], "decoupled": llm.is_decoupled(model),
+        "max_batch_size": config.get("max_batch_size", 0),
+        "inputs": {i["name"]: [i["data_type"], i["dims"], i.get("optional", False)] for i in config["input"]},
+        "outputs": {o["name"]: [o["data_type"], o["dims"]] for o in config["output"]},
+        "parameters": {k: v["string_value"] for k, v in config.get("parameters", {}).items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    llm = LLMClient(args.http, args.grpc)
+    try:
+        if args.command == "info":
+            print(json.dumps(info(llm, args.model), indent=1))
+            return 0
+        result, printed = generate(llm, args)
+        if not printed:
+            print(result.text, end="")
+        print(f"\n--\nfinish_reason={result.finish_reason} input_tokens={result.num_input_tokens} "
+              f"output_tokens={result.num_output_tokens} ttft={result.ttft:.3f}s latency={result.latency:.3f}s "
+              f"chunks={len(result.chunk_times)}")
+        return 0
+    except RequestFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        llm.close()

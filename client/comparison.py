@@ -1,0 +1,119 @@
+"""The measured comparison of the three strategies: variant repositories, the seed's table, targets.
+
+Input: run documents (client.report.run_document) keyed by a role ("static_batching/saturation",
+"continuous_batching/rate-1.10", ...). Output: markdown with the seed's comparison table filled with
+measured numbers and the performance targets with their measured values.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from batchlm.triton_server import DEFAULT_REPOSITORY, PROJECT_ROOT
+
+STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")
+SEED_ROWS = {
+    "static_batching": ("the whole batch (8 requests, no timer)",
+                        "offline jobs with no latency requirement"),
+    "dynamic_batching": ("a whole batch (<= 8 requests or a 50 ms timer)",
+                         "fixed-length outputs (e.g. image generation)"),
+    "continuous_batching": ("one decode step", "production autoregressive LLM serving"),
+}
+
+
+def write_variant(destination: Path, model: str, overrides: dict[str, str]) -> Path:
+    """A one-model repository at `destination` whose config.pbtxt has these parameter values
+    (model_dir made absolute, since the variant does not live in the project root)."""
+    target = destination / model
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(DEFAULT_REPOSITORY / model, target,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    config = (target / "config.pbtxt").read_text()
+    model_dir = re.search(r'key: "model_dir" value: \{ string_value: "([^"]*)"', config).group(1)
+    values = {"model_dir": str((PROJECT_ROOT / model_dir).resolve()), **overrides}
+    for key, value in values.items():
+        line = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+        pattern = re.compile(r'parameters \{ key: "' + re.escape(key) + r'" value: \{ string_value: "[^"]*" \} \}')
+        config, found = pattern.subn(line, config)
+        if not found:
+            config += line + "\n"
+    (target / "config.pbtxt").write_text(config)
+    return destination
+
+
+def idle_fraction(doc: dict, limit: int) -> float | None:
+    """Share of the `limit` sequence slots of the forward passes that did no useful work
+    (empty slots and padding rows), over the run's timeline."""
+    passes = sum(s["forward_passes"] for s in doc["timeline"])
+    if not passes:
+        return None
+    seqs = sum(s["seqs_per_forward"] * s["forward_passes"] for s in doc["timeline"])
+    return 1.0 - seqs / (passes * limit)
+
+
+def no_forward_fraction(doc: dict) -> float | None:
+    """Share of the timeline's samples in which no forward pass ran at all."""
+    samples = doc["timeline"]
+    return sum(s["forward_passes"] == 0 for s in samples) / len(samples) if samples else None
+
+
+def _tok(doc: dict) -> float:
+    return doc["summary"]["output_token_throughput"]
+
+
+def _q(doc: dict, metric: str, key: str) -> float:
+    return doc["summary"][metric][key]
+
+
+def seed_table(docs: dict[str, dict], reference: str) -> str:
+    """The article's table, measured. `reference` names the common-rate role suffix."""
+    lines = ["| strategy | unit of scheduling | idle slots at saturation | latency at "
+             f"{docs['dynamic_batching/' + reference]['arrival']['label']} | throughput at saturation "
+             "| best for |", "|---|---|---|---|---|---|"]
+    for name in STRATEGIES:
+        sat, ref = docs[f"{name}/saturation"], docs[f"{name}/{reference}"]
+        idle, empty = idle_fraction(sat, 8), no_forward_fraction(sat)
+        idle_text = f"{idle:.0%} of slots empty or padding; no forward in {empty:.0%} of samples"
+        latency = (f"E2E p50 {_q(ref, 'e2e', 'p50'):.1f} s / p99 {_q(ref, 'e2e', 'p99'):.1f} s; "
+                   f"TTFT p50 {_q(ref, 'ttft', 'p50'):.2f} s")
+        throughput = f"{_tok(sat):.0f} output tok/s ({sat['summary']['request_throughput']:.2f} req/s)"
+        unit, best = SEED_ROWS[name]
+        lines.append(f"| {name} | {unit} | {idle_text} | {latency} | {throughput} | {best} |")
+    return "\n".join(lines) + "\n"
+
+
+def targets(docs: dict[str, dict], reference: str, bound: float, engine: dict) -> list[dict]:
+    """Each performance target: what it asks, the measured value, and whether it holds."""
+    static, dyn, cont = (docs[f"{n}/saturation"] for n in STRATEGIES)
+    same_kv = docs["continuous_batching_same_kv/saturation"]
+    ref_c, ref_d = docs[f"continuous_batching/{reference}"], docs[f"dynamic_batching/{reference}"]
+    rows = [
+        ("continuous / static output tok/s at saturation, 8 seqs each", _tok(cont) / _tok(static), 2.3, ">="),
+        ("continuous / dynamic output tok/s at saturation, 8 seqs each", _tok(cont) / _tok(dyn), 2.3, ">="),
+        ("step-count bound E[longest of 8] / E[mean] of the workload", bound, None, ""),
+        ("continuous (same KV memory) / static output tok/s at saturation", _tok(same_kv) / _tok(static),
+         5.0, ">="),
+        (f"continuous / dynamic p50 E2E at {ref_d['arrival']['label']}",
+         _q(ref_c, "e2e", "p50") / _q(ref_d, "e2e", "p50"), 0.5, "<="),
+        (f"continuous / dynamic p50 TTFT at {ref_d['arrival']['label']}",
+         _q(ref_c, "ttft", "p50") / _q(ref_d, "ttft", "p50"), 0.25, "<="),
+        ("continuous through Triton / engine in process, output tok/s at saturation",
+         _tok(cont) / engine["output_token_throughput"], 0.85, ">="),
+    ]
+    out = []
+    for what, value, limit, op in rows:
+        holds = None if limit is None else (value >= limit if op == ">=" else value <= limit)
+        out.append({"target": what, "measured": value, "required": f"{op} {limit}" if limit else "-",
+                    "holds": holds})
+    return out
+
+
+def targets_table(rows: list[dict]) -> str:
+    lines = ["| target | measured | required | holds |", "|---|---|---|---|"]
+    for r in rows:
+        holds = "-" if r["holds"] is None else ("yes" if r["holds"] else "NO")
+        lines.append(f"| {r['target']} | {r['measured']:.2f} | {r['required']} | {holds} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,33 @@
+"""The engine's own throughput, in process and without Triton, on a benchmark workload.
+
+Every request is queued at once (saturation) and the engine is stepped until all finish; this is
+the ceiling that serving through Triton is compared with (same EngineConfig, same requests).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from batchlm.engine import LLMEngine
+from batchlm.engine_config import EngineConfig
+from batchlm.sampling import SamplingParams
+from client.workload import WorkloadRequest
+
+
+def engine_throughput(model_dir: str | Path, config: EngineConfig,
+                      requests: list[WorkloadRequest]) -> dict:
+    """Output tokens/s and requests/s of the engine alone, after a short warm-up."""
+    engine = LLMEngine(model_dir, config)
+    engine.generate(["warm up"], SamplingParams(max_tokens=8, ignore_eos=True))
+    start = time.perf_counter()
+    for r in requests:
+        engine.add_request(f"r{r.index}", r.prompt, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
+    tokens = steps = 0
+    while engine.has_unfinished():
+        tokens += sum(len(out.token_ids) for out in engine.step())
+        steps += 1
+    elapsed = time.perf_counter() - start
+    return {"output_tokens": tokens, "duration_s": elapsed, "steps": steps,
+            "output_token_throughput": tokens / elapsed, "request_throughput": len(requests) / elapsed,
+            "config": config.__dict__.copy()}

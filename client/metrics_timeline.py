@@ -1,0 +1,94 @@
+"""Scrapes a model's Prometheus metrics every `interval` seconds during a benchmark run.
+
+Each sample holds the model's gauges (waiting, running, KV blocks) and, from the counters, the mean
+number of sequences per forward pass since the previous sample (0 when no forward ran: idle slots).
+For dynamic_batching the queue is Triton's own: `nv_inference_pending_request_count`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+
+FAMILIES = {
+    "forward_sequences": "batchlm_forward_sequences",
+    "forward_passes": "batchlm_forward_passes_total",
+    "forward_sequences_total": "batchlm_forward_sequences_total",
+    "waiting": "batchlm_waiting_requests",
+    "running": "batchlm_running_requests",
+    "kv_used": "batchlm_kv_blocks_used",
+    "kv_total": "batchlm_kv_blocks_total",
+    "triton_pending": "nv_inference_pending_request_count",
+}
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    t: float                      # seconds from the run's start
+    seqs_per_forward: float       # mean sequences per forward pass since the previous sample
+    forward_passes: float         # forward passes since the previous sample
+    waiting: float                # requests accepted, not yet running (the model's or Triton's queue)
+    running: float
+    kv_used: float
+    kv_total: float
+
+
+def parse_metrics(text: str, model: str) -> dict[str, float]:
+    """The FAMILIES values for `model` from a Prometheus text page (missing ones are left out)."""
+    wanted = {family: key for key, family in FAMILIES.items()}
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in wanted and f'model="{model}"' in rest:
+            values[wanted[name]] = float(line.rsplit(" ", 1)[1])
+    return values
+
+
+class MetricsTimeline:
+    """Use as a context manager around a run; `samples` holds the timeline afterwards."""
+
+    def __init__(self, metrics_url: str, model: str, interval: float = 0.25) -> None:
+        self.metrics_url = metrics_url
+        self.model = model
+        self.interval = interval
+        self.samples: list[MetricsSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metrics-timeline", daemon=True)
+        self._start = 0.0
+
+    def __enter__(self) -> MetricsTimeline:
+        self._start = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def as_dicts(self) -> list[dict]:
+        return [asdict(s) for s in self.samples]
+
+    def _scrape(self) -> dict[str, float] | None:
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as r:
+                return parse_metrics(r.read().decode(), self.model)
+        except (urllib.error.URLError, OSError):
+            return None  # NOTE: a missed sample is a gap in the plot, not a failed run
+
+    def _run(self) -> None:
+        previous = self._scrape() or {}
+        while not self._stop.wait(self.interval):
+            now = self._scrape()
+            if now is None:
+                continue
+            passes = now.get("forward_passes", 0.0) - previous.get("forward_passes", 0.0)
+            seqs = now.get("forward_sequences_total", 0.0) - previous.get("forward_sequences_total", 0.0)
+            waiting = now.get("waiting", 0.0) + now.get("triton_pending", 0.0)
+            self.samples.append(MetricsSample(
+                t=time.perf_counter() - self._start, seqs_per_forward=seqs / passes if passes else 0.0,
+                forward_passes=passes, waiting=waiting, running=now.get("running", 0.0),
+                kv_used=now.get("kv_used", 0.0), kv_total=now.get("kv_total", 0.0)))
+            previous = now

@@ -1,0 +1,89 @@
+"""The comparison's PNGs (matplotlib, Agg backend): throughput against latency, TTFT CDF, timelines.
+
+Each function takes run documents (client.report.run_document) and writes one file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+COLORS = {"static_batching": "tab:red", "dynamic_batching": "tab:orange",
+          "continuous_batching": "tab:green"}
+
+
+def _color(name: str) -> str:
+    return COLORS.get(name, "tab:blue")
+
+
+def throughput_latency(series: dict[str, list[dict]], path: Path) -> None:
+    """Output tokens/s (x) against p50 and p99 E2E latency (y), one line per strategy."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key in zip(axes, ("p50", "p99")):
+        for name, docs in series.items():
+            docs = sorted(docs, key=lambda d: d["summary"]["output_token_throughput"])
+            x = [d["summary"]["output_token_throughput"] for d in docs]
+            y = [d["summary"]["e2e"][key] for d in docs]
+            ax.plot(x, y, "o-", label=name, color=_color(name))
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel(f"{key} end-to-end latency (s)")
+        ax.set_title(f"throughput vs {key} latency (open-loop Poisson sweep)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    _save(fig, path)
+
+
+def ttft_cdf(docs: dict[str, dict], path: Path) -> None:
+    """CDF of time to first token, one curve per strategy (runs at the same arrival rate)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, doc in docs.items():
+        values = np.sort([r["ttft"] for r in doc["requests"] if r["error"] is None])
+        if values.size:
+            ax.step(values, np.arange(1, values.size + 1) / values.size, where="post",
+                    label=f"{name} ({doc['arrival']['label']})", color=_color(name))
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first token (s, log)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title("TTFT CDF")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def timeline(doc: dict, path: Path) -> None:
+    """Sequences per forward pass and waiting requests over one run (from the model's metrics)."""
+    samples = doc["timeline"]
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    if samples:
+        t = [s["t"] for s in samples]
+        ax.step(t, [s["seqs_per_forward"] for s in samples], where="post", label="sequences per forward",
+                color=_color(doc["model"]))
+        ax.step(t, [s["waiting"] for s in samples], where="post", label="waiting requests",
+                color="tab:gray", alpha=0.7)
+        limit = _seq_limit(doc)
+        if limit:
+            ax.axhline(limit, color="k", ls="--", lw=0.8, label=f"limit {limit}")
+    ax.set_xlabel("time (s)")
+    ax.set_title(f"{doc['model']}: {doc['arrival']['label']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    _save(fig, path)
+
+
+def _seq_limit(doc: dict) -> int | None:
+    config = doc.get("model_config", {})
+    params = {k: v.get("string_value") for k, v in config.get("parameters", {}).items()}
+    value = params.get("max_num_seqs") or params.get("batch_size") or config.get("max_batch_size")
+    return int(value) if value else None
+
+
+def _save(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

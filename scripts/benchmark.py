@@ -1,0 +1,76 @@
+"""One serving benchmark run against one model; writes JSON and a markdown table.
+
+    python scripts/benchmark.py continuous_batching --concurrency 32 --num-requests 64
+    python scripts/benchmark.py dynamic_batching --rate 1.5 [--burstiness 0.5] --out results/one
+
+Against a running server (--http/--grpc/--metrics), or `--start-server` to bring one up with only
+this model loaded. The workload is client.workload.WorkloadSpec's default, seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from batchlm.triton_server import TritonServer, free_port  # noqa: E402
+from client.arrivals import ArrivalSpec  # noqa: E402
+from client.benchmark import BenchmarkConfig  # noqa: E402
+from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
+from client.request_record import SLO  # noqa: E402
+from client.workload import WorkloadSpec, build_requests  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, help="open loop: mean requests/s (Poisson unless --burstiness)")
+    load.add_argument("--concurrency", type=int, default=8, help="closed loop: requests in flight")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1 = Poisson)")
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--http", default="127.0.0.1:8000")
+    p.add_argument("--grpc", default="127.0.0.1:8001")
+    p.add_argument("--metrics", default="http://127.0.0.1:8002/metrics")
+    p.add_argument("--start-server", action="store_true", help="start a server with only this model")
+    p.add_argument("--slo-ttft", type=float, default=SLO().ttft)
+    p.add_argument("--slo-tpot", type=float, default=SLO().tpot)
+    p.add_argument("--out", type=Path, default=Path("results/benchmark"))
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests)
+    arrival = ArrivalSpec.open_loop(args.rate, args.burstiness, args.seed) if args.rate \
+        else ArrivalSpec.closed_loop(args.concurrency)
+    server = None
+    if args.start_server:
+        server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                              log_path=args.out / "server.log",
+                              extra_args=("--model-control-mode=explicit", f"--load-model={args.model}"))
+        args.out.mkdir(parents=True, exist_ok=True)
+        server.start(timeout=300)
+        args.http, args.grpc, args.metrics = server.http_url, server.grpc_url, server.metrics_url
+    try:
+        config = BenchmarkConfig(args.model, args.http, args.grpc, args.metrics, arrival,
+                                 slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot))
+        print(f"{args.model}: {arrival.label}, {spec.num_requests} requests; step-count bound of "
+              f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
+        doc = measure(config, build_requests(spec), spec.as_dict())
+    finally:
+        if server is not None:
+            server.stop()
+    stem = f"{args.model}-{arrival.label.replace(' ', '_').replace('/', '')}"
+    write_run(doc, args.out, stem)
+    print(markdown_table([summary_row(doc)]))
+    print(json.dumps(doc["summary"]["failures"]) if doc["summary"]["failures"] else "no failures")
+    print(f"wrote {args.out / stem}.json and .md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The measured comparison of static, dynamic and continuous batching: `make compare`.
+
+    python scripts/compare.py [--out results/compare] [--lock-file /tmp/batchlm-cpu.lock] [--publish docs/results]
+
+For each strategy it starts its own tritonserver (free ports, only that model loaded, so strategies do
+not share the CPU), warms it up, and runs the same seeded workload (client.workload defaults):
+1. saturation: closed loop at --concurrency (32) with --num-requests (128);
+2. an open-loop Poisson sweep at the same absolute rates for every strategy: 0.5x and 0.9x dynamic
+   batching's saturation rate, plus 0.9x continuous batching's own, --num-open (48) requests each.
+Then variants written into the results folder (never into model_repository/): static and dynamic with
+pad_finished_rows=false, and continuous batching with the same KV memory (512 blocks x 16 tokens) but
+--same-kv-seqs sequences in flight; and the engine in process (no Triton) on the saturation workload.
+Writes runs/*.json|md, comparison.md|json and plots/*.png under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from batchlm.engine_config import EngineConfig  # noqa: E402
+from batchlm.serving.serving_config import ServingConfig  # noqa: E402
+from batchlm.triton_server import DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServer, free_port  # noqa: E402
+from client import comparison, plots  # noqa: E402
+from client.arrivals import ArrivalSpec  # noqa: E402
+from client.benchmark import Benchmark, BenchmarkConfig  # noqa: E402
+from client.engine_baseline import engine_throughput  # noqa: E402
+from client.report import markdown_table, measure, summary_row, write_run  # noqa: E402
+from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noqa: E402
+
+STATIC, DYNAMIC, CONT = comparison.STRATEGIES
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("results/compare"))
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--num-requests", type=int, default=128, help="per saturation run (multiple of 8)")
+    p.add_argument("--num-open", type=int, default=48, help="per open-loop point (multiple of 8)")
+    p.add_argument("--same-kv-seqs", type=int, default=64)
+    p.add_argument("--lock-file", type=Path, help="hold this flock while a server or a measurement runs")
+    p.add_argument("--publish", type=Path, help="also copy comparison.md and plots/ here")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild comparison.md, .json and plots from --out's runs/ without measuring")
+    return p.parse_args()
+
+
+class Comparison:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out: Path = args.out
+        self.spec = WorkloadSpec(num_requests=args.num_requests)
+        self.requests = build_requests(self.spec)
+        self.open_requests = build_requests(WorkloadSpec(num_requests=args.num_open))
+        self.docs: dict[str, dict] = {}
+
+    @contextlib.contextmanager
+    def _cpu(self):
+        if self.args.lock_file is None:
+            yield
+            return
+        with open(self.args.lock_file, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def _server(self, model: str, repository: Path = DEFAULT_REPOSITORY):
+        server = TritonServer(model_repository=repository, http_port=free_port(), grpc_port=free_port(),
+                              metrics_port=free_port(), log_path=self.out / "logs" / f"{model}.log",
+                              extra_args=("--model-control-mode=explicit", f"--load-model={model}"))
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        with self._cpu():
+            server.start(timeout=300)
+            try:
+                self._warm_up(server, model)
+                yield server
+            finally:
+                server.stop()
+
+    def _warm_up(self, server: TritonServer, model: str) -> None:
+        warm = [WorkloadRequest(i, "warm up the model", 4, 4) for i in range(8)]
+        Benchmark(self._config(server, model, ArrivalSpec.closed_loop(8), metrics=False)).run(warm)
+
+    def _config(self, server, model, arrival, metrics=True) -> BenchmarkConfig:
+        return BenchmarkConfig(model, server.http_url, server.grpc_url,
+                               server.metrics_url if metrics else None, arrival)
+
+    def _measure(self, role: str, server, model: str, arrival: ArrivalSpec, requests) -> dict:
+        started = time.monotonic()
+        doc = measure(self._config(server, model, arrival), requests, self.spec.as_dict())
+        doc["role"] = role
+        self.docs[role] = doc
+        write_run(doc, self.out / "runs", role.replace("/", "__"))
+        s = doc["summary"]
+        print(f"[{time.monotonic() - started:5.0f}s] {role:45s} {doc['arrival']['label']:32s} "
+              f"{s['output_token_throughput']:7.1f} tok/s  {s['request_throughput']:.2f} req/s  "
+              f"E2E p50 {s['e2e']['p50']}  TTFT p50 {s['ttft']['p50']}  failures {s['failures']}",
+              flush=True)
+        return doc
+
+    def strategy(self, name: str, rates=lambda sat: {}, role_name: str | None = None,
+                 repository: Path = DEFAULT_REPOSITORY, concurrency: int | None = None) -> dict:
+        """Saturation first, then the open-loop points `rates(saturation document)` names."""
+        role_name = role_name or name
+        with self._server(name, repository) as server:
+            sat = self._measure(f"{role_name}/saturation", server, name,
+                                ArrivalSpec.closed_loop(concurrency or self.args.concurrency), self.requests)
+            for role, rate in rates(sat).items():
+                self._measure(f"{role_name}/{role}", server, name, ArrivalSpec.open_loop(rate),
+                              self.open_requests)
+        return sat
+
+    def run(self) -> None:
+        args = self.args
+        print(f"workload {self.spec.as_dict()}; step-count bound at 8: "
+              f"{self.spec.static_speedup_bound(8):.2f}x", flush=True)
+        common: dict[str, float] = {}
+
+        def dynamic_rates(sat: dict) -> dict[str, float]:
+            r_d = sat["summary"]["request_throughput"]
+            common.update({"half-dynamic": 0.5 * r_d, "near-dynamic": 0.9 * r_d})
+            return common
+
+        self.strategy(DYNAMIC, dynamic_rates)
+        self.strategy(STATIC, lambda sat: common)
+        self.strategy(CONT, lambda sat: {
+            **common, "near-own": 0.9 * sat["summary"]["request_throughput"]})
+        variants = self.out / "variants"
+        for name in (STATIC, DYNAMIC):
+            repo = comparison.write_variant(variants / f"{name}_unpadded", name, {"pad_finished_rows": "false"})
+            self.strategy(name, role_name=f"{name}_unpadded", repository=repo)
+        repo = comparison.write_variant(variants / "same_kv", CONT, {"max_num_seqs": str(args.same_kv_seqs)})
+        self.strategy(CONT, role_name=f"{CONT}_same_kv", repository=repo,
+                      concurrency=max(args.concurrency, args.same_kv_seqs))
+        with self._cpu():
+            engine = engine_throughput(PROJECT_ROOT / "models/default", self._engine_config(), self.requests)
+        print(f"engine in process: {engine['output_token_throughput']:.1f} tok/s", flush=True)
+        self.report(engine)
+
+    def _engine_config(self) -> EngineConfig:
+        """The continuous model's EngineConfig, as the server reported its config.pbtxt."""
+        config = self.docs[f"{CONT}/saturation"]["model_config"]
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        return ServingConfig.from_parameters(params).engine
+
+    def reload(self) -> None:
+        """Rebuild the report from a finished run's files."""
+        for path in sorted((self.out / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime):
+            doc = json.loads(path.read_text())
+            self.docs[doc["role"]] = doc
+        self.report(json.loads((self.out / "comparison.json").read_text())["engine"])
+
+    def report(self, engine: dict) -> None:
+        bound = self.spec.static_speedup_bound(8)
+        targets = comparison.targets(self.docs, "half-dynamic", bound, engine)
+        rows = [summary_row(d) for d in self.docs.values()]
+        text = ("# Measured comparison: static vs dynamic vs continuous batching\n\n"
+                f"Workload: {self.spec.as_dict()} (saturation runs), first {self.args.num_open} requests "
+                f"of it for open-loop points. Step-count bound at 8 sequences: {bound:.2f}x.\n\n"
+                "## The seed's table, measured\n\n" + comparison.seed_table(self.docs, "half-dynamic") +
+                "\n## Targets\n\n" + comparison.targets_table(targets) +
+                f"\nEngine in process (no Triton, same EngineConfig, same {len(self.requests)} requests "
+                f"queued at once): {engine['output_token_throughput']:.1f} output tok/s.\n\n"
+                "## Every run (times in seconds)\n\n" + markdown_table([{"role": d["role"], **r}
+                                                                       for d, r in zip(self.docs.values(), rows)]))
+        (self.out / "comparison.md").write_text(text)
+        (self.out / "comparison.json").write_text(json.dumps(
+            {"targets": targets, "engine": engine, "bound": bound,
+             "summaries": {k: d["summary"] for k, d in self.docs.items()}}, indent=1))
+        self.plot()
+        print(text)
+        if self.args.publish:
+            self.args.publish.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.out / "comparison.md", self.args.publish / "comparison.md")
+            for png in (self.out / "plots").glob("*.png"):
+                shutil.copy(png, self.args.publish / png.name)
+
+    def plot(self) -> None:
+        folder = self.out / "plots"
+        series = {name: [d for role, d in self.docs.items() if role.split("/")[0] == name]
+                  for name in comparison.STRATEGIES}
+        plots.throughput_latency(series, folder / "throughput_latency.png")
+        plots.ttft_cdf({n: self.docs[f"{n}/half-dynamic"] for n in comparison.STRATEGIES},
+                       folder / "ttft_cdf.png")
+        for role, doc in self.docs.items():
+            if role.endswith("/saturation"):
+                plots.timeline(doc, folder / f"timeline_{role.split('/')[0]}.png")
+
+
+def main() -> None:
+    args = parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    comparison_run = Comparison(args)
+    if args.report_only:
+        comparison_run.reload()
+    else:
+        comparison_run.run()
+
+
+if __name__ == "__main__":
+    main()

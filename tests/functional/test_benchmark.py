@@ -1,0 +1,70 @@
+"""A short serving benchmark against the real server: every strategy, JSON, markdown and plots."""
+
+import json
+
+import pytest
+
+from client import plots
+from client.arrivals import ArrivalSpec
+from client.benchmark import BenchmarkConfig
+from client.cli import main as cli_main
+from client.report import measure, write_run
+from client.workload import WorkloadSpec, build_requests
+
+STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")
+SPEC = WorkloadSpec(num_requests=8, output_mean=12.0, output_cap=24)  # 8: static needs a full batch
+
+
+@pytest.fixture(scope="module")
+def documents(server, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    requests = build_requests(SPEC)
+    docs = {}
+    for model in STRATEGIES:
+        arrival = ArrivalSpec.closed_loop(8) if model == "static_batching" else ArrivalSpec.open_loop(20.0)
+        config = BenchmarkConfig(model, server.http_url, server.grpc_url, server.metrics_url, arrival)
+        docs[model] = measure(config, requests, SPEC.as_dict())
+        write_run(docs[model], out, model)
+    return out, docs, requests
+
+
+def test_runs_have_no_failures_and_exact_token_counts(documents):
+    _, docs, requests = documents
+    for model, doc in docs.items():
+        summary = doc["summary"]
+        assert summary["failures"] == {} and summary["num_ok"] == len(requests), model
+        for record, request in zip(doc["requests"], requests):
+            assert record["num_output_tokens"] == request.max_tokens
+            assert 0 < record["ttft"] <= record["latency"]
+        assert summary["output_token_throughput"] > 0
+        assert summary["e2e"]["p50"] > 0 and summary["e2e"]["p99"] >= summary["e2e"]["p50"]
+        assert doc["environment"]["server"]["version"] and doc["model_config"]["name"] == model
+
+
+def test_streaming_strategy_reports_per_token_timing(documents):
+    _, docs, _ = documents
+    assert docs["continuous_batching"]["streamed"]
+    assert docs["continuous_batching"]["summary"]["itl"]["count"] > 0
+    assert not docs["static_batching"]["streamed"] and not docs["dynamic_batching"]["streamed"]
+    assert docs["dynamic_batching"]["summary"]["tpot"]["count"] == 0  # one answer: no per-token timing
+
+
+def test_json_markdown_and_plots_are_written(documents):
+    out, docs, _ = documents
+    for model in STRATEGIES:
+        assert json.loads((out / f"{model}.json").read_text())["model"] == model
+        assert "| model |" in (out / f"{model}.md").read_text()
+    plots.throughput_latency({m: [d] for m, d in docs.items()}, out / "tl.png")
+    plots.ttft_cdf(docs, out / "ttft.png")
+    plots.timeline(docs["continuous_batching"], out / "timeline.png")
+    for name in ("tl.png", "ttft.png", "timeline.png"):
+        assert (out / name).stat().st_size > 1000
+
+
+def test_cli_streams_and_reports_counts(server, capsys):
+    code = cli_main(["--http", server.http_url, "--grpc", server.grpc_url, "generate", "continuous_batching",
+                     "Once upon a time", "--max-tokens", "6", "--ignore-eos"])
+    out = capsys.readouterr().out
+    assert code == 0 and "output_tokens=6" in out and "ttft=" in out
+    code = cli_main(["--http", server.http_url, "--grpc", server.grpc_url, "info", "dynamic_batching"])
+    assert code == 0 and '"max_batch_size": 8' in capsys.readouterr().out

@@ -1,0 +1,56 @@
+"""Benchmark building blocks without a server: arrivals, per-request stats, metrics parsing, variants."""
+
+import re
+
+import pytest
+
+from client.arrivals import ArrivalSpec
+from client.comparison import write_variant
+from client.metrics_timeline import parse_metrics
+from client.request_record import SLO, RequestRecord, summarize
+
+
+def test_open_loop_times_are_seeded_with_the_asked_mean_rate():
+    spec = ArrivalSpec.open_loop(4.0, seed=3)
+    times = spec.send_times(2000)
+    assert times == ArrivalSpec.open_loop(4.0, seed=3).send_times(2000) and times[0] == 0.0
+    assert times[-1] / len(times) == pytest.approx(0.25, rel=0.1)
+    bursty = ArrivalSpec.open_loop(4.0, burstiness=0.25, seed=3).send_times(2000)
+    gaps = [b - a for a, b in zip(bursty, bursty[1:])]
+    assert max(gaps) > max(b - a for a, b in zip(times, times[1:]))
+    assert spec.label == "open-loop poisson 4.00 req/s"
+    assert ArrivalSpec.closed_loop(32).label == "closed-loop c=32"
+
+
+def test_arrival_spec_validates():
+    with pytest.raises(ValueError, match="rate"):
+        ArrivalSpec(mode="open", rate=0)
+    with pytest.raises(ValueError, match="mode"):
+        ArrivalSpec(mode="sometimes")
+
+
+def test_summary_tpot_gaps_goodput_and_failures():
+    ok = RequestRecord(0, 10, 5, ttft=0.5, latency=1.3, num_output_tokens=5,
+                       chunk_times=[0.5, 0.7, 0.9, 1.1, 1.3])
+    slow = RequestRecord(1, 10, 3, ttft=9.0, latency=10.0, num_output_tokens=3, chunk_times=[9.0, 9.5, 10.0])
+    failed = RequestRecord(2, 10, 3, error="503")
+    s = summarize([ok, slow, failed], duration=10.0, slo=SLO(ttft=5.0, tpot=0.25))
+    assert ok.tpot == pytest.approx(0.2) and slow.tpot == pytest.approx(0.5)
+    assert s["num_ok"] == 2 and s["failures"] == {"503": 1}
+    assert s["output_token_throughput"] == pytest.approx(0.8) and s["goodput"] == pytest.approx(0.1)
+    assert s["itl"]["count"] == 6 and s["ttft"]["p50"] == pytest.approx(4.75)
+    assert RequestRecord(3, 1, 4, ttft=1, latency=1, num_output_tokens=4, chunk_times=[1]).tpot is None
+
+
+def test_parse_metrics_reads_one_model():
+    text = ('batchlm_forward_sequences{model="a"} 3\nbatchlm_forward_sequences{model="b"} 7\n'
+            'nv_inference_pending_request_count{model="a",version="1"} 2\n# HELP x\n')
+    assert parse_metrics(text, "a") == {"forward_sequences": 3.0, "triton_pending": 2.0}
+
+
+def test_variant_repository_overrides_parameters(tmp_path):
+    write_variant(tmp_path, "continuous_batching", {"max_num_seqs": "64"})
+    config = (tmp_path / "continuous_batching" / "config.pbtxt").read_text()
+    assert 'key: "max_num_seqs" value: { string_value: "64" }' in config
+    model_dir = re.search(r'key: "model_dir" value: \{ string_value: "([^"]*)"', config).group(1)
+    assert model_dir.startswith("/") and (tmp_path / "continuous_batching" / "1" / "model.py").exists()
