@@ -40,6 +40,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slo-ttft", type=float, default=SLO().ttft)
     p.add_argument("--slo-tpot", type=float, default=SLO().tpot)
     p.add_argument("--out", type=Path, default=Path("results/benchmark"))
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                   help="stream the answer (default: when the model can)")
     return p.parse_args()
 
 
@@ -58,7 +60,7 @@ def main() -> None:
         args.http, args.grpc, args.metrics = server.http_url, server.grpc_url, server.metrics_url
     try:
         config = BenchmarkConfig(args.model, args.http, args.grpc, args.metrics, arrival,
-                                 slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot))
+                                 slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot), stream=args.stream)
         print(f"{args.model}: {arrival.label}, {spec.num_requests} requests; step-count bound of "
               f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
         doc = measure(config, build_requests(spec), spec.as_dict())
