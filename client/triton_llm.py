@@ -141,14 +141,14 @@ class LLMClient:
         self.grpc.start_stream(callback=lambda result, error: responses.put((result, error)),
                                stream_timeout=self.timeout)
         try:
-            self.grpc.async_stream_infer(model, _grpc_inputs(request_fields(prompt, max_tokens, **options)),
+            self.grpc.async_stream_infer(model, grpc_inputs(request_fields(prompt, max_tokens, **options)),
                                          enable_empty_final_response=True)
             while True:
                 result, error = responses.get(timeout=self.timeout)
                 if error is not None:
                     raise _grpc_failure(error)
                 response = result.get_response()
-                chunk = _chunk_from_grpc(result) if response.outputs else None
+                chunk = chunk_from_grpc(result) if response.outputs else None
                 if chunk is not None:
                     yield chunk
                 final = response.parameters.get("triton_final_response")
@@ -165,10 +165,10 @@ class LLMClient:
         fields = request_fields(prompt, max_tokens, **options)
         batched = self.model_config(model).get("max_batch_size", 0) > 0
         try:
-            result = self.grpc.infer(model, _grpc_inputs(fields, batched), client_timeout=self.timeout)
+            result = self.grpc.infer(model, grpc_inputs(fields, batched), client_timeout=self.timeout)
         except InferenceServerException as exc:
             raise _grpc_failure(exc) from None
-        chunk = _chunk_from_grpc(result)
+        chunk = chunk_from_grpc(result)
         elapsed = time.perf_counter() - start
         return Result(chunk.text, chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens,
                       ttft=elapsed, latency=elapsed, chunk_times=[elapsed])
@@ -199,7 +199,7 @@ def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
                   ttft=latency if ttft is None else ttft, latency=latency, chunk_times=times)
 
 
-def _grpc_inputs(fields: dict, batched: bool = False) -> list[grpcclient.InferInput]:
+def grpc_inputs(fields: dict, batched: bool = False) -> list[grpcclient.InferInput]:
     inputs = []
     for name, value in fields.items():
         datatype, dtype = FIELDS[name]
@@ -215,7 +215,7 @@ def _grpc_inputs(fields: dict, batched: bool = False) -> list[grpcclient.InferIn
     return inputs
 
 
-def _chunk_from_grpc(result) -> Chunk:
+def chunk_from_grpc(result) -> Chunk:
     def first(name):
         return np.asarray(result.as_numpy(name)).reshape(-1)[0]
 

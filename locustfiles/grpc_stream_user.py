@@ -25,7 +25,7 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 import common  # noqa: E402
-from client.triton_llm import _chunk_from_grpc, _grpc_inputs  # noqa: E402
+from client.triton_llm import chunk_from_grpc, grpc_inputs  # noqa: E402
 
 
 @events.init.add_listener
@@ -61,7 +61,7 @@ class TritonGrpcStreamUser(User):
     @task
     def generate(self) -> None:
         timer = common.RequestTimer(self.environment, f"grpc {self.options.model}")
-        inputs = _grpc_inputs(self.options.body(self.feed.next()), self.batched)
+        inputs = grpc_inputs(self.options.body(self.feed.next()), self.batched)
         responses: queue.Queue = queue.Queue()
         self.triton.start_stream(callback=lambda result, error: responses.put((result, error)),
                                  stream_timeout=self.options.request_timeout)
@@ -87,7 +87,7 @@ class TritonGrpcStreamUser(User):
                 return tokens, _failure(error)
             response = result.get_response()
             if response.outputs:
-                chunk = _chunk_from_grpc(result)
+                chunk = chunk_from_grpc(result)
                 tokens = chunk.num_output_tokens
                 if chunk.text or tokens:
                     timer.first_output(tokens)

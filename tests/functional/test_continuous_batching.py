@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tritonclient.grpc as grpcclient
 
-from client.triton_llm import LLMClient, _grpc_inputs, request_fields
+from client.triton_llm import LLMClient, grpc_inputs, request_fields
 from tests.functional.conftest import metric_value
 
 MODEL = "continuous_batching"
@@ -71,7 +71,7 @@ def test_cancelled_streams_free_their_kv(server):
         c = grpcclient.InferenceServerClient(server.grpc_url)
         c.start_stream(callback=on_response)
         fields = request_fields(f"Cancel me {i}", 800, ignore_eos=True, stream=True)
-        c.async_stream_infer(MODEL, _grpc_inputs(fields))
+        c.async_stream_infer(MODEL, grpc_inputs(fields))
         clients.append(c)
     deadline = time.monotonic() + 60
     while len(received) < 20 and time.monotonic() < deadline:
