@@ -115,6 +115,10 @@ class LLMEngine:
         self._total_generated += len(sampled)
         return outputs + [RequestOutput.take(seq) for seq in updated]
 
+    def running_request_ids(self) -> list[str]:
+        """Ids of the requests whose sequences hold a batch slot now."""
+        return [seq.request_id for seq in self.scheduler.running]
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)
 

@@ -37,8 +37,8 @@ class ContinuousBatchingService:
     def __init__(self, engine: LLMEngine, metrics: ModelMetrics, max_waiting: int,
                  cancel_check_interval: float = 0.1) -> None:
         self._engine = engine
-        # NOTE: sender.is_cancelled() is an IPC round trip to the server; asking it for every request
-        # at every step cost a third of the step time, so cancellation is polled at this interval.
+        # NOTE: sender.is_cancelled() is an IPC round trip to the server; asking it for every waiting
+        # request at every step cost a third of the step time, so waiting ones are polled at this interval.
         self._cancel_check_interval = cancel_check_interval
         self._next_cancel_check = 0.0
         self._metrics = metrics
@@ -121,13 +121,17 @@ class ContinuousBatchingService:
             self._active[request_id] = active
 
     def _abort_cancelled(self) -> None:
-        """Abort what clients cancelled; polled every `cancel_check_interval` seconds, so a
-        cancelled request frees its KV within that interval plus one step."""
+        """Abort what clients cancelled. `is_cancelled()` is a round trip to the server, so running
+        requests (which hold a batch slot and KV blocks) are asked every step, and waiting ones (which
+        hold nothing yet) every `cancel_check_interval` seconds."""
         now = time.monotonic()
-        if now < self._next_cancel_check:
-            return
-        self._next_cancel_check = now + self._cancel_check_interval
-        for request_id, active in list(self._active.items()):
+        if now >= self._next_cancel_check:
+            self._next_cancel_check = now + self._cancel_check_interval
+            candidates = list(self._active)
+        else:
+            candidates = [rid for rid in self._engine.running_request_ids() if rid in self._active]
+        for request_id in candidates:
+            active = self._active[request_id]
             if not active.cancelled and active.sender.is_cancelled():
                 active.cancelled = True
                 self._engine.abort_request(request_id)

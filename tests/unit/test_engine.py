@@ -132,6 +132,7 @@ def test_abort_frees_all_kv_blocks(parts):
     engine.step()
     engine.step()
     assert engine.stats().kv_blocks_used > 0 and engine.stats().num_waiting == 1
+    assert engine.running_request_ids() == ["r0", "r1"]   # r2 waits: no slot, no KV
     for i in range(3):
         engine.abort_request(f"r{i}")
     engine.abort_request("r0")          # twice: ignored
@@ -140,7 +141,7 @@ def test_abort_frees_all_kv_blocks(parts):
     outputs = engine.step()
     assert sorted(o.request_id for o in outputs) == ["r0", "r1", "r2"]
     assert all(o.finished and o.finish_reason is FinishReason.CANCELLED for o in outputs)
-    assert not engine.has_unfinished()
+    assert not engine.has_unfinished() and engine.running_request_ids() == []
 
 
 def test_seeded_sampling_is_reproducible(parts):
