@@ -15,3 +15,8 @@ class InvalidArgument(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class Unavailable(RuntimeError):
+    """The model cannot take the request now (queue full, unloading); the client may retry.
+    The serving layer maps it to Triton's UNAVAILABLE."""

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from batchlm.engine import LLMEngine
-from batchlm.errors import InvalidArgument
+from batchlm.errors import InvalidArgument, Unavailable
 from batchlm.request_output import RequestOutput
 from batchlm.serving import triton_io
 from batchlm.serving.metrics import ModelMetrics
@@ -65,9 +65,9 @@ class ContinuousBatchingService:
             return
         with self._lock:
             if self._closed:
-                error = triton_io.Unavailable("continuous_batching is unloading; retry later")
+                error = Unavailable("continuous_batching is unloading; retry later")
             elif len(self._inbox) + self._engine_waiting >= self._max_waiting:
-                error = triton_io.Unavailable(
+                error = Unavailable(
                     f"continuous_batching is overloaded: {self._max_waiting} requests already waiting")
             else:
                 error = None
@@ -87,7 +87,7 @@ class ContinuousBatchingService:
             self._inbox = []
         pending += list(self._active.items())
         self._active.clear()
-        error = triton_io.Unavailable("continuous_batching was unloaded before the request finished")
+        error = Unavailable("continuous_batching was unloaded before the request finished")
         for _, active in pending:
             triton_io.send_final_quietly(active.sender, triton_io.error_response(error))
 

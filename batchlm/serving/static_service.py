@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from batchlm.batch_generator import BatchGenerator
-from batchlm.errors import InvalidArgument
+from batchlm.errors import InvalidArgument, Unavailable
 from batchlm.serving import triton_io
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.request_schema import GenerateRequest
@@ -59,9 +59,9 @@ class StaticBatchingService:
         with self._lock:
             self._parked = [(r, s) for r, s in self._parked if not s.is_cancelled()]
             if self._closed:
-                error = triton_io.Unavailable(f"{self._name} is unloading; retry later")
+                error = Unavailable(f"{self._name} is unloading; retry later")
             elif len(self._parked) + self._batches.qsize() * self._batch_size >= self._max_waiting:
-                error = triton_io.Unavailable(
+                error = Unavailable(
                     f"{self._name} is overloaded: {self._max_waiting} requests already waiting")
             else:
                 self._parked.append((request, sender))
@@ -84,7 +84,7 @@ class StaticBatchingService:
         with self._lock:
             self._closed = True
             parked, self._parked = self._parked, []
-        error = triton_io.Unavailable(f"{self._name} was unloaded before a full batch of "
+        error = Unavailable(f"{self._name} was unloaded before a full batch of "
                                       f"{self._batch_size} requests arrived")
         for _, sender in parked:
             triton_io.send_final_quietly(sender, triton_io.error_response(error))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from batchlm.errors import InvalidArgument
+from batchlm.errors import InvalidArgument, Unavailable
 from batchlm.request_output import RequestOutput
 from batchlm.serving.request_schema import INPUTS, GenerateRequest, parse_inputs
 from batchlm.serving.serving_config import ServingConfig
@@ -81,10 +81,6 @@ def triton_error(exc: BaseException) -> "pb_utils.TritonError":
     if isinstance(exc, Unavailable):
         return pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE)
     return pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
-
-
-class Unavailable(RuntimeError):
-    """The model cannot take the request now (queue full, unloading); the client may retry."""
 
 
 def send_final(sender, response) -> None:
