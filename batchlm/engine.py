@@ -1,12 +1,17 @@
 """LLMEngine: continuous batching. Each step() is three calls: schedule, run the model, update state.
 
 Not thread-safe: one thread owns an engine (in Triton, the engine thread of the continuous-batching
-model); other threads hand it requests and aborts through a queue of their own.
+model); other threads hand it requests and aborts through a queue of their own. Build the engine on
+the thread that steps it: a second thread running torch ops starts a second OpenMP team, and on a small
+CPU each step then runs ~1.4x slower (`batchlm.owner_thread`); `step()` warns once when called from a
+thread other than the builder's.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
+import warnings
 from pathlib import Path
 from typing import Callable
 from typing import Sequence as Seq
@@ -62,6 +67,7 @@ class LLMEngine:
         self._last = SchedulerOutput((), ())
         self._total_generated = 0
         self._ids = itertools.count()
+        self._builder_thread: int | None = threading.get_ident()  # None once warned
 
     # --- requests ---
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> None:
@@ -107,6 +113,11 @@ class LLMEngine:
     # --- the loop ---
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns an output for every request that got a token (or was cancelled)."""
+        if self._builder_thread is not None and threading.get_ident() != self._builder_thread:
+            self._builder_thread = None
+            warnings.warn("LLMEngine.step() runs on a thread other than the one that built the engine; "
+                          "two OpenMP teams can make each step ~1.4x slower on a small CPU (build it on "
+                          "its stepping thread, see batchlm.owner_thread)", RuntimeWarning, stacklevel=2)
         outputs, self._pending = self._pending, []
         scheduled = self.scheduler.schedule()
         sampled = self.runner.run(scheduled)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batchlm.triton_server import TritonServer, free_port  # noqa: E402
+from batchlm.triton_server import DEFAULT_REPOSITORY, TritonServer, free_port  # noqa: E402
 from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import BenchmarkConfig  # noqa: E402
 from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
@@ -37,6 +37,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--grpc", default="127.0.0.1:8001")
     p.add_argument("--metrics", default="http://127.0.0.1:8002/metrics")
     p.add_argument("--start-server", action="store_true", help="start a server with only this model")
+    p.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY,
+                   help="with --start-server: the repository to serve (default: the project's)")
     p.add_argument("--slo-ttft", type=float, default=SLO().ttft)
     p.add_argument("--slo-tpot", type=float, default=SLO().tpot)
     p.add_argument("--out", type=Path, default=Path("results/benchmark"))
@@ -52,7 +54,8 @@ def main() -> None:
         else ArrivalSpec.closed_loop(args.concurrency)
     server = None
     if args.start_server:
-        server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+        server = TritonServer(model_repository=args.model_repository,
+                              http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                               log_path=args.out / "server.log",
                               extra_args=("--model-control-mode=explicit", f"--load-model={args.model}"))
         args.out.mkdir(parents=True, exist_ok=True)

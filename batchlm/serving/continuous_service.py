@@ -1,7 +1,8 @@
 """Continuous batching behind a decoupled Triton model: one engine thread steps per decode iteration.
 
-`submit()` runs on Triton's execute thread and only enqueues; the engine thread owns the LLMEngine:
-each turn it admits new requests, aborts cancelled ones, runs one `step()` and sends what it produced.
+`submit()` runs on Triton's execute thread and only enqueues; the engine thread owns the LLMEngine (it
+builds it, see `batchlm.owner_thread`): each turn it admits new requests, aborts cancelled ones, runs one
+`step()` and sends what it produced.
 `close()` stops the thread and fails every pending request with UNAVAILABLE, so unload and shutdown
 are prompt and no request is dropped silently.
 """
@@ -11,10 +12,12 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batchlm.engine import LLMEngine
 from batchlm.errors import InvalidArgument, Unavailable
+from batchlm.owner_thread import OwnerThread
 from batchlm.request_output import RequestOutput
 from batchlm.serving import triton_io
 from batchlm.serving.metrics import ModelMetrics
@@ -34,9 +37,9 @@ class _Active:
 
 
 class ContinuousBatchingService:
-    def __init__(self, engine: LLMEngine, metrics: ModelMetrics, max_waiting: int,
+    def __init__(self, build_engine: Callable[[], LLMEngine], metrics: ModelMetrics, max_waiting: int,
                  cancel_check_interval: float = 0.1) -> None:
-        self._engine = engine
+        """Builds the engine on the engine thread and returns when it is built (or raises)."""
         # NOTE: sender.is_cancelled() is an IPC round trip to the server; asking it for every waiting
         # request at every step cost a third of the step time, so waiting ones are polled at this interval.
         self._cancel_check_interval = cancel_check_interval
@@ -50,8 +53,8 @@ class ContinuousBatchingService:
         self._closed = False  # guarded by _lock
         self._active: dict[str, _Active] = {}  # owned by the engine thread
         self._engine_waiting = 0  # engine's waiting count after the last step, guarded by _lock
-        self._thread = threading.Thread(target=self._run, name="batchlm-engine", daemon=True)
-        self._thread.start()
+        self._thread = OwnerThread("batchlm-engine", build_engine, self._run)
+        self._engine: LLMEngine = self._thread.value
 
     # -- Triton's execute thread ------------------------------------------------------------
     def submit(self, raw_request) -> None:
@@ -92,7 +95,8 @@ class ContinuousBatchingService:
             triton_io.send_final_quietly(active.sender, triton_io.error_response(error))
 
     # -- the engine thread ------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, engine: LLMEngine) -> None:
+        self._engine = engine
         while True:
             if not self._engine.has_unfinished():
                 self._metrics.record_idle()

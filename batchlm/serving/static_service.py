@@ -2,6 +2,7 @@
 
 `submit()` (Triton's execute thread) parks each request; when `batch_size` are parked, they go to the
 worker thread as one batch, which runs to completion and answers every request when the slowest is done.
+The worker thread also builds the generator (see `batchlm.owner_thread`).
 There is no timer: an incomplete batch waits, which is what static batching is.
 
 Unload and shutdown: Triton unloads a model only once every response sender it handed out is done,
@@ -19,6 +20,7 @@ from collections.abc import Callable
 
 from batchlm.batch_generator import BatchGenerator
 from batchlm.errors import InvalidArgument, Unavailable
+from batchlm.owner_thread import OwnerThread
 from batchlm.serving import triton_io
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.request_schema import GenerateRequest
@@ -27,10 +29,10 @@ _STOP = object()
 
 
 class StaticBatchingService:
-    def __init__(self, generator: BatchGenerator, metrics: ModelMetrics, batch_size: int,
+    def __init__(self, build_generator: Callable[[], BatchGenerator], metrics: ModelMetrics, batch_size: int,
                  max_waiting: int, model_name: str, is_ready: Callable[[], bool] | None = None,
                  watch_interval: float = 0.5) -> None:
-        self._generator = generator
+        """Builds the generator on the worker thread and returns when it is built (or raises)."""
         self._metrics = metrics
         self._batch_size = batch_size
         self._max_waiting = max_waiting
@@ -40,8 +42,8 @@ class StaticBatchingService:
         self._closed = False  # guarded by _lock
         self._batches: queue.Queue = queue.Queue()
         self._running = 0  # rows in the batch being run, read for metrics only
-        self._worker = threading.Thread(target=self._run, name="batchlm-static", daemon=True)
-        self._worker.start()
+        self._worker = OwnerThread("batchlm-static", build_generator, self._run)
+        self._generator: BatchGenerator = self._worker.value
         self._stop_watch = threading.Event()
         if is_ready is not None:
             threading.Thread(target=self._watch, args=(is_ready, watch_interval),
@@ -105,7 +107,8 @@ class StaticBatchingService:
                 self._fail_parked()
                 return
 
-    def _run(self) -> None:
+    def _run(self, generator: BatchGenerator) -> None:
+        self._generator = generator
         while (batch := self._batches.get()) is not _STOP:
             self._run_batch(batch)
 

@@ -9,8 +9,8 @@ from batchlm.serving.metrics import ModelMetrics
 class TritonPythonModel:
     def initialize(self, args):
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=True)
-        engine = LLMEngine(model_dir, config.engine)
-        self.service = ContinuousBatchingService(engine, ModelMetrics(name), config.max_waiting)
+        self.service = ContinuousBatchingService(lambda: LLMEngine(model_dir, config.engine),
+                                                 ModelMetrics(name), config.max_waiting)
 
     def execute(self, requests):
         for request in requests:

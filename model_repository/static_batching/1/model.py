@@ -9,8 +9,8 @@ from batchlm.serving.static_service import StaticBatchingService
 class TritonPythonModel:
     def initialize(self, args):
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=True)
-        generator = BatchGenerator.from_dir(model_dir, config.engine)
-        self.service = StaticBatchingService(generator, ModelMetrics(name), config.batch_size,
+        self.service = StaticBatchingService(lambda: BatchGenerator.from_dir(model_dir, config.engine),
+                                             ModelMetrics(name), config.batch_size,
                                              config.max_waiting, name, triton_io.readiness_probe(name))
 
     def execute(self, requests):
