@@ -18,7 +18,13 @@ from client.workload import WorkloadRequest
 def engine_throughput(model_dir: str | Path, config: EngineConfig,
                       requests: list[WorkloadRequest]) -> dict:
     """Output tokens/s and requests/s of the engine alone, after a short warm-up."""
-    engine = LLMEngine(model_dir, config)
+    result = run_to_completion(LLMEngine(model_dir, config), requests)
+    result["config"] = config.__dict__.copy()
+    return result
+
+
+def run_to_completion(engine: LLMEngine, requests: list[WorkloadRequest]) -> dict:
+    """Warm `engine` up, queue every request at once and step until all finish, on the calling thread."""
     engine.generate(["warm up"], SamplingParams(max_tokens=8, ignore_eos=True))
     start = time.perf_counter()
     for r in requests:
@@ -29,5 +35,4 @@ def engine_throughput(model_dir: str | Path, config: EngineConfig,
         steps += 1
     elapsed = time.perf_counter() - start
     return {"output_tokens": tokens, "duration_s": elapsed, "steps": steps,
-            "output_token_throughput": tokens / elapsed, "request_throughput": len(requests) / elapsed,
-            "config": config.__dict__.copy()}
+            "output_token_throughput": tokens / elapsed, "request_throughput": len(requests) / elapsed}

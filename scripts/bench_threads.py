@@ -18,7 +18,6 @@ import resource
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +29,7 @@ CASES = ("same-thread", "built-elsewhere", "owner-thread")
 def run_case(case: str, num_requests: int) -> dict:
     from batchlm.engine import LLMEngine
     from batchlm.engine_config import EngineConfig
-    from batchlm.sampling import SamplingParams
+    from client.engine_baseline import run_to_completion
     from client.workload import WorkloadSpec, build_requests
 
     requests = build_requests(WorkloadSpec(num_requests=num_requests))
@@ -42,18 +41,10 @@ def run_case(case: str, num_requests: int) -> dict:
     def step(engine: LLMEngine) -> None:
         import warnings
         warnings.simplefilter("ignore", RuntimeWarning)  # the foreign-thread warning is the point here
-        engine.generate(["warm up"], SamplingParams(max_tokens=8, ignore_eos=True))
         switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
-        start = time.perf_counter()
-        for r in requests:
-            engine.add_request(f"r{r.index}", r.prompt, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
-        tokens = steps = 0
-        while engine.has_unfinished():
-            tokens += sum(len(out.token_ids) for out in engine.step())
-            steps += 1
-        elapsed = time.perf_counter() - start
-        result.update(case=case, output_tokens_per_s=round(tokens / elapsed, 1),
-                      ms_per_step=round(elapsed / steps * 1000, 2),
+        run = run_to_completion(engine, requests)
+        result.update(case=case, output_tokens_per_s=round(run["output_token_throughput"], 1),
+                      ms_per_step=round(run["duration_s"] / run["steps"] * 1000, 2),
                       voluntary_context_switches=resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches)
 
     if case == "same-thread":
