@@ -58,8 +58,8 @@ class StaticBatchingService:
             triton_io.send_final(sender, triton_io.error_response(exc))
             return
         error = None
+        self._drop_cancelled()
         with self._lock:
-            self._parked = [(r, s) for r, s in self._parked if not s.is_cancelled()]
             if self._closed:
                 error = Unavailable(f"{self._name} is unloading; retry later")
             elif len(self._parked) + self._batches.qsize() * self._batch_size >= self._max_waiting:
@@ -91,11 +91,24 @@ class StaticBatchingService:
         for _, sender in parked:
             triton_io.send_final_quietly(sender, triton_io.error_response(error))
 
+    def _drop_cancelled(self) -> None:
+        """Close the parked requests whose clients cancelled. Each gets its final flag: Triton counts a
+        request in flight (and will not unload the model) until its sender is closed."""
+        with self._lock:
+            kept, cancelled = [], []
+            for entry in self._parked:
+                (cancelled if entry[1].is_cancelled() else kept).append(entry)
+            self._parked = kept
+        for _, sender in cancelled:
+            triton_io.send_final_quietly(sender, None)
+
     def _watch(self, is_ready: Callable[[], bool], interval: float) -> None:
-        """Fail parked requests once Triton stops reporting this model ready. The model is not ready
-        while it loads either, so only a drop after it has been seen ready counts."""
+        """Every `interval`: close parked requests whose clients cancelled, and fail the others once
+        Triton stops reporting this model ready. The model is not ready while it loads either, so only a
+        drop after it has been seen ready counts."""
         seen_ready = False
         while not self._stop_watch.wait(interval):
+            self._drop_cancelled()
             try:
                 ready = is_ready()
             except Exception as exc:  # noqa: BLE001 - the server is going away; treat as not ready
