@@ -87,6 +87,12 @@ class LoadOptions:
         return request_fields(request.prompt, request.max_tokens, ignore_eos=True, stream=self.stream)
 
 
+@events.init.add_listener
+def _check_options(environment, **_kwargs) -> None:
+    """Every user file imports this module, so a bad option fails the run at start, not per request."""
+    LoadOptions.from_environment(environment)
+
+
 class RequestFeed:
     """The workload's requests in order, round and round; users of one process share one feed.
 

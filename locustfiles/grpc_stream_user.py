@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import time
 
-from locust import User, constant, events, task
+from locust import User, constant, task
 
 # NOTE: locust has monkey-patched the standard library (threads, queues, sockets) by now; gRPC must
 # be told to cooperate with gevent before any channel exists, or its calls block the whole process.
@@ -26,11 +26,6 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 import common  # noqa: E402
 from client.triton_llm import chunk_from_grpc, grpc_inputs  # noqa: E402
-
-
-@events.init.add_listener
-def _check_options(environment, **_kwargs) -> None:
-    common.LoadOptions.from_environment(environment)  # fail at start on a bad option, not per request
 
 
 class TritonGrpcStreamUser(User):

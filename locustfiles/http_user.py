@@ -14,15 +14,10 @@ from __future__ import annotations
 import json
 import time
 
-from locust import constant, events, task
+from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 
 import common
-
-
-@events.init.add_listener
-def _check_options(environment, **_kwargs) -> None:
-    common.LoadOptions.from_environment(environment)  # fail at start on a bad option, not per request
 
 
 class TritonHttpUser(FastHttpUser):

@@ -95,11 +95,17 @@ class StaticBatchingService:
         """Close the parked requests whose clients cancelled. Each gets its final flag: Triton counts a
         request in flight (and will not unload the model) until its sender is closed."""
         with self._lock:
-            kept, cancelled = [], []
-            for entry in self._parked:
-                (cancelled if entry[1].is_cancelled() else kept).append(entry)
-            self._parked = kept
-        for _, sender in cancelled:
+            parked = list(self._parked)
+        # is_cancelled() is a round trip to the server: asked outside the lock, so the worker's metrics
+        # and other submits do not wait on it.
+        cancelled = [sender for _, sender in parked if sender.is_cancelled()]
+        if not cancelled:
+            return
+        with self._lock:  # only those still parked: a batch or an unload may have taken some meanwhile
+            ids = {id(sender) for sender in cancelled}
+            removed = [s for _, s in self._parked if id(s) in ids]
+            self._parked = [(r, s) for r, s in self._parked if id(s) not in ids]
+        for sender in removed:
             triton_io.send_final_quietly(sender, None)
 
     def _watch(self, is_ready: Callable[[], bool], interval: float) -> None:
