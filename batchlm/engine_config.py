@@ -28,6 +28,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512     # per-step token budget (decode tokens + prefill chunks)
     enable_chunked_prefill: bool = True   # split long prompts over steps to fit the token budget
     max_model_len: int = 1024             # prompt + max_tokens must fit in this many tokens
+    admit_headroom_blocks: int = 2        # on-demand KV only: a waiting sequence is admitted only if
+                                          # this many free blocks per running sequence remain after it;
+                                          # 0 admits greedily and lets growth preempt (recompute)
     pad_finished_rows: bool = True        # request-level batching only: a finished row stays in the
                                           # forward pass as padding until its batch ends, as in
                                           # fixed-shape batch tensors (HF generate); False drops it
@@ -38,6 +41,7 @@ class EngineConfig:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise InvalidArgument("dtype", f"must be one of {DTYPES} or None, got {self.dtype!r}")
         _require_int("num_threads", self.num_threads, minimum=0)
+        _require_int("admit_headroom_blocks", self.admit_headroom_blocks, minimum=0)
         for name in ("block_size", "num_kv_blocks", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len"):
             _require_int(name, getattr(self, name), minimum=1)

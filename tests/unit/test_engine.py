@@ -91,7 +91,7 @@ def test_batch_generator_rejects_a_batch_that_does_not_fit(parts):
 
 def test_preemption_keeps_greedy_output(parts, alone):
     # 6 blocks of 16 tokens cannot hold all four sequences at their full length at once.
-    engine = make_engine(parts, num_kv_blocks=6, max_model_len=96)
+    engine = make_engine(parts, num_kv_blocks=6, max_model_len=96, admit_headroom_blocks=0)
     batched = engine.generate(PROMPTS, [greedy(n + 20) for n in MAX_TOKENS])
     assert engine.stats().num_preemptions > 0
     for a, b in zip(alone, batched):

@@ -159,7 +159,8 @@ def test_fifo_admission_and_no_starvation():
 
 
 def test_preemption_under_block_pressure_completes_everything():
-    sched = make_scheduler(num_kv_blocks=12, max_num_seqs=4, max_model_len=48, max_num_batched_tokens=48)
+    sched = make_scheduler(num_kv_blocks=12, max_num_seqs=4, max_model_len=48, max_num_batched_tokens=48,
+                           admit_headroom_blocks=0)
     seqs = [make_seq(prompt_len=8, max_tokens=24) for _ in range(4)]  # 8 blocks each at the end
     for seq in seqs:
         sched.add(seq)
@@ -168,6 +169,33 @@ def test_preemption_under_block_pressure_completes_everything():
     assert any(o.preempted for o in outputs)
     assert all(s.finish_reason is FinishReason.LENGTH and s.num_output_tokens == 24 for s in seqs)
     assert sched.allocator.num_used == 0
+
+
+def test_admission_headroom_keeps_free_blocks_for_the_running_ones():
+    # 4 blocks of 4 tokens. Greedy admission takes the last free block for the third sequence; with a
+    # headroom of 1 block per running sequence it waits until the first two leave.
+    def admitted_in_first_step(headroom):
+        sched = make_scheduler(num_kv_blocks=4, block_size=4, max_num_seqs=4, max_model_len=16,
+                               max_num_batched_tokens=16, admit_headroom_blocks=headroom)
+        seqs = [make_seq(prompt_len=4, max_tokens=4) for _ in range(3)]
+        for seq in seqs:
+            sched.add(seq)
+        first = step(sched)
+        run_to_completion(sched)
+        assert all(s.num_output_tokens == 4 for s in seqs) and sched.allocator.num_used == 0
+        return len(first.scheduled), sched.num_preemptions
+
+    assert admitted_in_first_step(0) == (3, 1)  # the third is preempted when the others grow
+    assert admitted_in_first_step(1) == (2, 0)  # 1 block + 1 free per running one: 2 fit in 4
+
+
+def test_admission_headroom_never_blocks_an_idle_engine():
+    sched = make_scheduler(num_kv_blocks=4, block_size=4, max_num_seqs=4, max_model_len=16,
+                           max_num_batched_tokens=16, admit_headroom_blocks=8)
+    seq = make_seq(prompt_len=12, max_tokens=4)  # all 4 blocks at the end
+    sched.add(seq)
+    run_to_completion(sched)
+    assert seq.num_output_tokens == 4 and sched.num_preemptions == 0
 
 
 def test_preempted_sequence_is_recomputed_with_its_output():
