@@ -6,6 +6,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from batchlm import attention
+from batchlm.attention import group_by_length
 from batchlm.checkpoint import SafetensorsCheckpoint, load_model, write_default_checkpoint
 from batchlm.forward_batch import ForwardBatch
 from batchlm.kv_cache import KVCache
@@ -202,3 +204,45 @@ def test_llama3_rope_scaling_keeps_high_and_slows_low_frequencies(small):
     assert scaled[0] == plain[0]  # shortest wavelength: unchanged
     assert torch.isclose(scaled[-1], plain[-1] / 8)  # longest: slowed by `factor`
     assert (scaled <= plain).all() and (scaled >= plain / 8).all()
+
+
+def test_group_by_length_splits_only_where_padding_saved_pays():
+    bs = 16
+    assert group_by_length([100] * 8, bs) == [list(range(8))]  # equal lengths: one group
+    # one long context and seven short ones: padding the seven to 40 blocks wastes 7 * 38 blocks
+    groups = group_by_length([640] + [20] * 7, bs)
+    assert groups == [[0], [1, 2, 3, 4, 5, 6, 7]]
+    assert group_by_length([48, 40, 32], bs) == [[0, 1, 2]]  # 3 blocks at most to save: not worth it
+    spread = group_by_length(list(range(16, 16 * 65, 16)), bs)  # 1..64 blocks
+    assert len(spread) == attention.MAX_DECODE_GROUPS
+    assert sorted(i for g in spread for i in g) == list(range(64))
+
+
+@pytest.mark.parametrize("with_prefill", [False, True])
+def test_decode_groups_of_different_lengths_match_the_reference(small, reference, monkeypatch, with_prefill):
+    """Single-token queries split into several length groups (scattered back into T) are exact."""
+    monkeypatch.setattr(attention, "SPLIT_SAVING_BLOCKS", 1)  # split wherever lengths differ
+    rng = random.Random(5)
+    cache = KVCache(small.config, num_blocks=64, block_size=4)
+    pool = shuffled_pool(64, 5)
+    seqs = [Seq([rng.randrange(3, 8192) for _ in range(n)], pool, 4) for n in (3, 17, 9, 30, 5)]
+    for seq in seqs:
+        forward(small, cache, [seq.schedule(len(seq.ids))])
+        seq.ids.append(rng.randrange(3, 8192))
+    steps = [seq.schedule(1) for seq in seqs]
+    if with_prefill:  # a prompt chunk between the decodes: the groups' rows are not 0..S-1
+        newcomer = Seq([rng.randrange(3, 8192) for _ in range(6)], pool, 4)
+        steps.insert(2, newcomer.schedule(6))
+        seqs.insert(2, newcomer)
+    batch_meta = []
+    original_build = attention.AttentionMetadata.build.__func__
+
+    def build(cls, batch, block_size, device):
+        batch_meta.append(original_build(cls, batch, block_size, device))
+        return batch_meta[-1]
+
+    monkeypatch.setattr(attention.AttentionMetadata, "build", classmethod(build))
+    logits = forward(small, cache, steps)
+    assert len(batch_meta[0].decode_groups) > 1
+    for row, seq in enumerate(seqs):
+        torch.testing.assert_close(logits[row], reference(seq.ids)[-1], atol=ATOL, rtol=0)
