@@ -4,7 +4,10 @@
 
 For each strategy it starts its own tritonserver (free ports, only that model loaded, so strategies do
 not share the CPU), warms it up, and runs the same seeded workload (client.workload defaults):
-1. saturation: closed loop at --concurrency (32) with --num-requests (128);
+1. saturation: closed loop at --concurrency (32) with --num-requests (128), every strategy answering
+   each request once (stream=false), so all three send the same responses and the throughput compares
+   scheduling alone; continuous batching is then also measured streamed (a response per token), which
+   shows what per-token responses cost on this machine;
 2. an open-loop Poisson sweep at the same absolute rates for every strategy: 0.5x and 0.9x dynamic
    batching's saturation rate, plus 0.9x continuous batching's own, --num-open (48) requests each.
 Then variants written into the results folder (never into model_repository/): static and dynamic with
@@ -92,13 +95,14 @@ class Comparison:
         warm = [WorkloadRequest(i, "warm up the model", 4, 4) for i in range(8)]
         Benchmark(self._config(server, model, ArrivalSpec.closed_loop(8), metrics=False)).run(warm)
 
-    def _config(self, server, model, arrival, metrics=True) -> BenchmarkConfig:
+    def _config(self, server, model, arrival, metrics=True, stream: bool | None = None) -> BenchmarkConfig:
         return BenchmarkConfig(model, server.http_url, server.grpc_url,
-                               server.metrics_url if metrics else None, arrival)
+                               server.metrics_url if metrics else None, arrival, stream=stream)
 
-    def _measure(self, role: str, server, model: str, arrival: ArrivalSpec, requests) -> dict:
+    def _measure(self, role: str, server, model: str, arrival: ArrivalSpec, requests,
+                 stream: bool | None = None) -> dict:
         started = time.monotonic()
-        doc = measure(self._config(server, model, arrival), requests, self.spec.as_dict())
+        doc = measure(self._config(server, model, arrival, stream=stream), requests, self.spec.as_dict())
         doc["role"] = role
         self.docs[role] = doc
         write_run(doc, self.out / "runs", role.replace("/", "__"))
@@ -110,12 +114,17 @@ class Comparison:
         return doc
 
     def strategy(self, name: str, rates=lambda sat: {}, role_name: str | None = None,
-                 repository: Path = DEFAULT_REPOSITORY, concurrency: int | None = None) -> dict:
-        """Saturation first, then the open-loop points `rates(saturation document)` names."""
+                 repository: Path = DEFAULT_REPOSITORY, concurrency: int | None = None,
+                 streamed_saturation: bool = False) -> dict:
+        """Saturation first (not streamed; then streamed too if asked), then the open-loop points
+        `rates(saturation document)` names (streamed where the model can)."""
         role_name = role_name or name
+        closed = ArrivalSpec.closed_loop(concurrency or self.args.concurrency)
         with self._server(name, repository) as server:
-            sat = self._measure(f"{role_name}/saturation", server, name,
-                                ArrivalSpec.closed_loop(concurrency or self.args.concurrency), self.requests)
+            sat = self._measure(f"{role_name}/saturation", server, name, closed, self.requests, stream=False)
+            if streamed_saturation:
+                self._measure(f"{role_name}_streamed/saturation", server, name, closed, self.requests,
+                              stream=True)
             for role, rate in rates(sat).items():
                 self._measure(f"{role_name}/{role}", server, name, ArrivalSpec.open_loop(rate),
                               self.open_requests)
@@ -135,7 +144,7 @@ class Comparison:
         self.strategy(DYNAMIC, dynamic_rates)
         self.strategy(STATIC, lambda sat: common)
         self.strategy(CONT, lambda sat: {
-            **common, "near-own": 0.9 * sat["summary"]["request_throughput"]})
+            **common, "near-own": 0.9 * sat["summary"]["request_throughput"]}, streamed_saturation=True)
         variants = self.out / "variants"
         for name in (STATIC, DYNAMIC):
             repo = comparison.write_variant(variants / f"{name}_unpadded", name, {"pad_finished_rows": "false"})
