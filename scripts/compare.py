@@ -4,7 +4,9 @@
 
 For each strategy it starts its own tritonserver (free ports, only that model loaded, so strategies do
 not share the CPU), warms it up, and runs the same seeded workload (client.workload defaults):
-1. saturation: closed loop at --concurrency (32) with --num-requests (128), every strategy answering
+1. saturation: closed loop at --concurrency (32) with --num-requests (128), --repeats (3) times in a row,
+   the median run by output tok/s reported (this VM's speed drifts by up to 20% within minutes), every
+   strategy answering
    each request once (stream=false), so all three send the same responses and the throughput compares
    scheduling alone; continuous batching is then also measured streamed (a response per token), which
    shows what per-token responses cost on this machine;
@@ -12,7 +14,9 @@ not share the CPU), warms it up, and runs the same seeded workload (client.workl
    batching's saturation rate, plus 0.9x continuous batching's own, --num-open (48) requests each.
 Then variants written into the results folder (never into model_repository/): static and dynamic with
 pad_finished_rows=false, and continuous batching with the same KV memory (512 blocks x 16 tokens) but
---same-kv-seqs sequences in flight; and the engine in process (no Triton) on the saturation workload.
+--same-kv-seqs sequences in flight, saturated as long as the others: the same number of requests per
+sequence slot (128 / 8 = 16, so 1024 requests for 64 slots: with 128 the 64 slots drained for half of
+the run); and the engine in process (no Triton) on the saturation workload.
 Writes runs/*.json|md, comparison.md|json and plots/*.png under --out.
 """
 
@@ -48,7 +52,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--num-requests", type=int, default=128, help="per saturation run (multiple of 8)")
     p.add_argument("--num-open", type=int, default=48, help="per open-loop point (multiple of 8)")
+    p.add_argument("--repeats", type=int, default=3, help="saturation runs per strategy; the median counts")
     p.add_argument("--same-kv-seqs", type=int, default=64)
+    p.add_argument("--same-kv-requests", type=int,
+                   help="saturation requests of the same-KV run (default: as many per slot as the others)")
     p.add_argument("--lock-file", type=Path, help="hold this flock while a server or a measurement runs")
     p.add_argument("--publish", type=Path, help="also copy comparison.md and plots/ here")
     p.add_argument("--report-only", action="store_true",
@@ -63,6 +70,8 @@ class Comparison:
         self.spec = WorkloadSpec(num_requests=args.num_requests)
         self.requests = build_requests(self.spec)
         self.open_requests = build_requests(WorkloadSpec(num_requests=args.num_open))
+        same_kv = args.same_kv_requests or args.num_requests * args.same_kv_seqs // 8
+        self.same_kv_requests = build_requests(WorkloadSpec(num_requests=same_kv))
         self.docs: dict[str, dict] = {}
 
     @contextlib.contextmanager
@@ -115,13 +124,18 @@ class Comparison:
 
     def strategy(self, name: str, rates=lambda sat: {}, role_name: str | None = None,
                  repository: Path = DEFAULT_REPOSITORY, concurrency: int | None = None,
-                 streamed_saturation: bool = False) -> dict:
-        """Saturation first (not streamed; then streamed too if asked), then the open-loop points
+                 streamed_saturation: bool = False, requests: list[WorkloadRequest] | None = None,
+                 repeats: int | None = None) -> dict:
+        """Saturation first (not streamed; `repeats` runs, the median one is `<role>/saturation`, the
+        others `<role>/saturation-repeat-<i>`; then one streamed run if asked), then the open-loop points
         `rates(saturation document)` names (streamed where the model can)."""
         role_name = role_name or name
         closed = ArrivalSpec.closed_loop(concurrency or self.args.concurrency)
+        requests = requests or self.requests
         with self._server(name, repository) as server:
-            sat = self._measure(f"{role_name}/saturation", server, name, closed, self.requests, stream=False)
+            runs = [self._measure(f"{role_name}/saturation-repeat-{i + 1}", server, name, closed, requests,
+                                  stream=False) for i in range(repeats or self.args.repeats)]
+            sat = self._keep_median(role_name, runs)
             if streamed_saturation:
                 self._measure(f"{role_name}_streamed/saturation", server, name, closed, self.requests,
                               stream=True)
@@ -129,6 +143,20 @@ class Comparison:
                 self._measure(f"{role_name}/{role}", server, name, ArrivalSpec.open_loop(rate),
                               self.open_requests)
         return sat
+
+    def _keep_median(self, role_name: str, runs: list[dict]) -> dict:
+        """Rename the median run (by output tok/s) to `<role>/saturation`; the others keep their names."""
+        median = sorted(runs, key=lambda d: d["summary"]["output_token_throughput"])[(len(runs) - 1) // 2]
+        old = median["role"]
+        median["role"] = f"{role_name}/saturation"
+        del self.docs[old]
+        self.docs[median["role"]] = median
+        (self.out / "runs" / f"{old.replace('/', '__')}.json").unlink()
+        (self.out / "runs" / f"{old.replace('/', '__')}.md").unlink()
+        write_run(median, self.out / "runs", median["role"].replace("/", "__"))
+        spread = [round(d["summary"]["output_token_throughput"], 1) for d in runs]
+        print(f"{role_name}/saturation: median of {spread} output tok/s", flush=True)
+        return median
 
     def run(self) -> None:
         args = self.args
@@ -148,10 +176,11 @@ class Comparison:
         variants = self.out / "variants"
         for name in (STATIC, DYNAMIC):
             repo = comparison.write_variant(variants / f"{name}_unpadded", name, {"pad_finished_rows": "false"})
-            self.strategy(name, role_name=f"{name}_unpadded", repository=repo)
+            self.strategy(name, role_name=f"{name}_unpadded", repository=repo, repeats=1)
         repo = comparison.write_variant(variants / "same_kv", CONT, {"max_num_seqs": str(args.same_kv_seqs)})
         self.strategy(CONT, role_name=f"{CONT}_same_kv", repository=repo,
-                      concurrency=max(args.concurrency, args.same_kv_seqs))
+                      concurrency=max(args.concurrency, args.same_kv_seqs), requests=self.same_kv_requests,
+                      repeats=1)
         with self._cpu():
             engine = engine_throughput(PROJECT_ROOT / "models/default", self._engine_config(), self.requests)
         print(f"engine in process: {engine['output_token_throughput']:.1f} tok/s", flush=True)
@@ -175,8 +204,10 @@ class Comparison:
         targets = comparison.targets(self.docs, "half-dynamic", bound, engine)
         rows = [summary_row(d) for d in self.docs.values()]
         text = ("# Measured comparison: static vs dynamic vs continuous batching\n\n"
-                f"Workload: {self.spec.as_dict()} (saturation runs), first {self.args.num_open} requests "
-                f"of it for open-loop points. Step-count bound at 8 sequences: {bound:.2f}x.\n\n"
+                f"Workload: {self.spec.as_dict()} (saturation runs; the same-KV run takes the first "
+                f"{len(self.same_kv_requests)} requests of this seeded spec, as many per sequence slot), "
+                f"first {self.args.num_open} requests of it for open-loop points. Step-count bound at 8 "
+                f"sequences: {bound:.2f}x.\n\n"
                 "## The seed's table, measured\n\n" + comparison.seed_table(self.docs, "half-dynamic") +
                 "\n## Targets\n\n" + comparison.targets_table(targets) +
                 f"\nEngine in process (no Triton, same EngineConfig, same {len(self.requests)} requests "
@@ -197,7 +228,8 @@ class Comparison:
 
     def plot(self) -> None:
         folder = self.out / "plots"
-        series = {name: [d for role, d in self.docs.items() if role.split("/")[0] == name]
+        series = {name: [d for role, d in self.docs.items()
+                         if role.split("/")[0] == name and "-repeat-" not in role]
                   for name in comparison.STRATEGIES}
         plots.throughput_latency(series, folder / "throughput_latency.png")
         plots.ttft_cdf({n: self.docs[f"{n}/half-dynamic"] for n in comparison.STRATEGIES},
