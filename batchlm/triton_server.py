@@ -130,7 +130,7 @@ class TritonServer:
         )
         try:
             self.wait_ready(timeout)
-        except Exception:
+        except BaseException:  # NOTE: SystemExit from exit_cleanly_on_sigterm too
             self.stop()
             raise
         return self
@@ -209,6 +209,18 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """Make SIGTERM and SIGHUP raise SystemExit in this (main-thread) process, so `finally` blocks and
+    `TritonServer.__exit__` stop the server and its stubs. Without it the default action ends the
+    process at once: the server dies with it (PR_SET_PDEATHSIG), but its Python backend stubs, which
+    are the server's children, are left running."""
+    def _exit(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise SystemExit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit)
 
 
 def _die_with_parent() -> None:

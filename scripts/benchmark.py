@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batchlm.triton_server import DEFAULT_REPOSITORY, TritonServer, free_port  # noqa: E402
+from batchlm.triton_server import (DEFAULT_REPOSITORY, TritonServer,  # noqa: E402
+                                  exit_cleanly_on_sigterm, free_port)
 from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import BenchmarkConfig  # noqa: E402
 from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
@@ -49,6 +50,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    exit_cleanly_on_sigterm()
     spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests)
     arrival = ArrivalSpec.open_loop(args.rate, args.burstiness, args.seed) if args.rate \
         else ArrivalSpec.closed_loop(args.concurrency)

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchlm.engine_config import EngineConfig  # noqa: E402
 from batchlm.serving.serving_config import ServingConfig  # noqa: E402
-from batchlm.triton_server import DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServer, free_port  # noqa: E402
+from batchlm.triton_server import (DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServer,  # noqa: E402
+                                  exit_cleanly_on_sigterm, free_port)
 from client import comparison, plots  # noqa: E402
 from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import Benchmark, BenchmarkConfig  # noqa: E402
@@ -241,6 +242,7 @@ class Comparison:
 
 def main() -> None:
     args = parse_args()
+    exit_cleanly_on_sigterm()
     args.out.mkdir(parents=True, exist_ok=True)
     comparison_run = Comparison(args)
     if args.report_only:

@@ -1,8 +1,16 @@
 """A short serving benchmark against the real server: every strategy, JSON, markdown and plots."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+
+from batchlm.triton_server import PROJECT_ROOT
 
 from client import plots
 from client.arrivals import ArrivalSpec
@@ -68,3 +76,62 @@ def test_cli_streams_and_reports_counts(server, capsys):
     assert code == 0 and "output_tokens=6" in out and "ttft=" in out
     code = cli_main(["--http", server.http_url, "--grpc", server.grpc_url, "info", "dynamic_batching"])
     assert code == 0 and '"max_batch_size": 8' in capsys.readouterr().out
+
+
+def _process_tree(root: int) -> dict[int, str]:
+    """pid -> command line of every live descendant of `root`, read from /proc."""
+    parents, commands = {}, {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                commands[int(entry.name)] = (entry / "cmdline").read_text().replace("\0", " ")
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, todo = {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                tree[pid] = commands[pid]
+                todo.append(pid)
+    return tree
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_sigterm_to_a_benchmark_that_started_its_server_leaves_no_process(tmp_path):
+    """The server dies with the script (PDEATHSIG) but its stubs would not: SIGTERM must run stop()."""
+    proc = subprocess.Popen(
+        [sys.executable, "scripts/benchmark.py", "continuous_batching", "--start-server", "--concurrency", "2",
+         "--num-requests", "64", "--out", str(tmp_path)],
+        cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    tree: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            tree.update(_process_tree(proc.pid))
+            if any("triton_python_backend_stub" in cmd for cmd in tree.values()):
+                break
+            time.sleep(0.5)
+        assert any("triton_python_backend_stub" in cmd for cmd in tree.values()), "no stub started"
+        time.sleep(3)  # the model is loading or serving the first requests
+        tree.update(_process_tree(proc.pid))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
+            time.sleep(0.2)
+        assert not [cmd[:80] for pid, cmd in tree.items() if _alive(pid)]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in {**tree, **_process_tree(proc.pid)}:  # orphans too: their parent is no longer proc
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
