@@ -160,24 +160,7 @@ class TritonServer:
 
     def descendants(self) -> list[int]:
         """PIDs of the server's process tree (stubs included), read from /proc."""
-        if self.process is None:
-            return []
-        children: dict[int, list[int]] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-        found, todo = [], [self.process.pid]
-        while todo:
-            pid = todo.pop()
-            for child in children.get(pid, []):
-                found.append(child)
-                todo.append(child)
-        return found
+        return [] if self.process is None else process_tree(self.process.pid)
 
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM the server (it unloads models, which stops their threads), then kill what is left."""
@@ -209,6 +192,26 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def process_tree(root: int) -> list[int]:
+    """PIDs of every live descendant of `root` (children first), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def exit_cleanly_on_sigterm() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from batchlm.triton_server import PROJECT_ROOT
+from batchlm.triton_server import PROJECT_ROOT, process_tree
 
 from client import plots
 from client.arrivals import ArrivalSpec
@@ -79,22 +79,13 @@ def test_cli_streams_and_reports_counts(server, capsys):
 
 
 def _process_tree(root: int) -> dict[int, str]:
-    """pid -> command line of every live descendant of `root`, read from /proc."""
-    parents, commands = {}, {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                commands[int(entry.name)] = (entry / "cmdline").read_text().replace("\0", " ")
-            except (OSError, IndexError, ValueError):
-                continue
-    tree, todo = {}, [root]
-    while todo:
-        parent = todo.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in tree:
-                tree[pid] = commands[pid]
-                todo.append(pid)
+    """pid -> command line of every live descendant of `root`."""
+    tree = {}
+    for pid in process_tree(root):
+        try:
+            tree[pid] = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+        except OSError:
+            continue
     return tree
 
 
