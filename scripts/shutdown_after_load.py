@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from batchlm.triton_server import TritonServer, free_port  # noqa: E402
+from batchlm.triton_server import TritonServer, exit_cleanly_on_sigterm, free_port  # noqa: E402
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 
@@ -29,6 +29,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tries", type=int, default=3)
     args = p.parse_args()
+    exit_cleanly_on_sigterm()
     locust = str(Path(sys.executable).parent / "locust")
     with tempfile.TemporaryDirectory() as tmp:
         for attempt in range(args.tries):
@@ -36,15 +37,17 @@ def main() -> None:
             server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                                   log_path=log)
             server.start(timeout=300)
-            users = [subprocess.Popen([locust, "-f", str(ROOT / "locustfiles" / "grpc_stream_user.py"),
-                                       "--headless", "--host", server.grpc_url, "--model", model,
-                                       "-u", "8", "-r", "8", "-t", "20s", "--output-mean", "32"],
-                                      cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                     for model in MODELS]
-            for user in users:
-                user.wait()
-            process = server.process
-            server.stop()
+            try:
+                users = [subprocess.Popen([locust, "-f", str(ROOT / "locustfiles" / "grpc_stream_user.py"),
+                                           "--headless", "--host", server.grpc_url, "--model", model,
+                                           "-u", "8", "-r", "8", "-t", "20s", "--output-mean", "32"],
+                                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         for model in MODELS]
+                for user in users:
+                    user.wait()
+            finally:
+                process = server.process
+                server.stop()
             unloaded = re.findall(r"successfully unloaded .([a-z_]*).", log.read_text())
             print(f"try {attempt}: exit code {process.returncode}, unloaded {unloaded}", flush=True)
 
