@@ -1,6 +1,11 @@
 """Paged attention over the KVCache: per-forward metadata (built once) and the per-layer attention op.
 
-Two groups of sequences, handled differently because they cost differently:
+On CPU, when the native kernel is built (batchlm.kernels), every query token attends in one call of
+`torch.ops.batchlm.paged_attention`, which reads K/V in place from the cache blocks and computes each
+token exactly as it would alone (no padding, no grouping: see paged_attention.cpp). That makes greedy
+decoding independent of the batch even in bfloat16, and it skips the gathers the torch path needs.
+
+The torch path (other devices, or no kernel) uses SDPA. Two groups of sequences, handled differently because they cost differently:
 - single-token queries (decode, or a 1-token prefill chunk) attend in batched SDPAs over K/V gathered
   from their blocks, right-padded and masked. Padding to the longest context of the whole batch wastes
   most of the gather when lengths differ widely (64 sequences at 20..700 tokens), so the queries are
@@ -47,13 +52,23 @@ class DecodeGroup:
 
 
 @dataclass
+class KernelIndex:
+    """What the native kernel needs: each token's sequence and how many keys it sees."""
+
+    block_tables: torch.Tensor  # (S, max_blocks) int64, contiguous
+    seq_ids: torch.Tensor  # (T,) int64: the block-table row of each token
+    key_lens: torch.Tensor  # (T,) int64: position + 1, the keys (positions 0..) each token attends to
+
+
+@dataclass
 class AttentionMetadata:
     """Indices and masks shared by all layers of one forward pass."""
 
     block_size: int  # tokens per cache block
-    slot_mapping: torch.Tensor  # (T,) int64: where each token's K/V is written
-    decode_groups: list[DecodeGroup]  # the single-token queries, by length; empty if there are none
-    prefills: list[PrefillChunk]  # multi-token chunks, in batch order
+    slot_mapping: torch.Tensor  # (T,) int64: where each token's V is written (slot = block * bs + offset)
+    decode_groups: list[DecodeGroup]  # torch path: the single-token queries, by length; empty if none
+    prefills: list[PrefillChunk]  # torch path: multi-token chunks, in batch order
+    kernel: KernelIndex | None = None  # set when the native kernel attends (then the two above are empty)
 
     @property
     def all_decode(self) -> bool:
@@ -61,16 +76,28 @@ class AttentionMetadata:
         return len(self.decode_groups) == 1 and self.decode_groups[0].rows is None
 
     @classmethod
-    def build(cls, batch: ForwardBatch, block_size: int, device: torch.device) -> "AttentionMetadata":
+    def build(cls, batch: ForwardBatch, block_size: int, device: torch.device,
+              use_kernel: bool = False) -> "AttentionMetadata":
+        """`use_kernel`: index for torch.ops.batchlm.paged_attention (CPU) instead of SDPA groups."""
         query_lens, context_lens = batch.query_lens, batch.context_lens
+        slot_mapping = batch.slot_mapping.to(device, non_blocking=True)
+        if use_kernel:
+            seq_ids, key_lens = [], []
+            for i, (n, c) in enumerate(zip(query_lens, context_lens)):
+                seq_ids += [i] * n
+                key_lens += range(c - n + 1, c + 1)
+            index = KernelIndex(block_tables=batch.block_tables.to(device).contiguous(),
+                                seq_ids=torch.tensor(seq_ids, device=device),
+                                key_lens=torch.tensor(key_lens, device=device))
+            return cls(block_size=block_size, slot_mapping=slot_mapping, decode_groups=[], prefills=[],
+                       kernel=index)
         block_tables = batch.block_tables.to(device, non_blocking=True)  # (S, max_blocks)
         starts, start = [], 0
         for n in query_lens:
             starts.append(start)
             start += n
         decode = [i for i, n in enumerate(query_lens) if n == 1]
-        meta = cls(block_size=block_size, slot_mapping=batch.slot_mapping.to(device, non_blocking=True),
-                   decode_groups=[], prefills=[])
+        meta = cls(block_size=block_size, slot_mapping=slot_mapping, decode_groups=[], prefills=[])
         if decode:
             groups = group_by_length([context_lens[i] for i in decode], block_size)
             if len(groups) == 1 and len(decode) == len(starts):  # T == S, row i is sequence i
@@ -139,13 +166,20 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                     v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """Write this step's K/V into the cache, then attend every query to its sequence's context.
 
-    q: (T, H, hd); k, v: (T, KVH, hd); k_cache, v_cache: (num_slots, KVH, hd). Returns (T, H, hd).
+    q: (T, H, hd); k, v: (T, KVH, hd); k_cache: (num_blocks, KVH, hd, bs), keys transposed within a block;
+    v_cache: (num_slots, KVH, hd) (see KVCache). Returns (T, H, hd).
     """
     T, H, hd = q.shape
     KVH = k.shape[1]
     G = H // KVH
-    k_cache.index_copy_(0, meta.slot_mapping, k)
+    bs = meta.block_size
+    by_offset = k_cache.permute(0, 3, 1, 2)  # (num_blocks, bs, KVH, hd): a view, writes go through
+    by_offset[meta.slot_mapping // bs, meta.slot_mapping % bs] = k
     v_cache.index_copy_(0, meta.slot_mapping, v)
+    if meta.kernel is not None:
+        index = meta.kernel
+        return torch.ops.batchlm.paged_attention(q.contiguous(), k_cache, v_cache, index.block_tables,
+                                                 index.seq_ids, index.key_lens, bs, hd ** -0.5)
     if meta.all_decode:
         return _decode(q, k_cache, v_cache, meta.decode_groups[0], meta.block_size)  # (T, H, hd)
     out = q.new_empty(T, H, hd)
@@ -153,7 +187,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         out[group.rows] = _decode(q[group.rows], k_cache, v_cache, group, meta.block_size)
     for chunk in meta.prefills:
         qp = q[chunk.start:chunk.end].transpose(0, 1)  # (H, n, hd)
-        kp = _gather(k_cache, chunk.blocks, meta.block_size).transpose(0, 1)  # (KVH, nb * bs, hd)
+        kp = _gather_keys(k_cache, chunk.blocks).transpose(0, 1)  # (KVH, nb * bs, hd)
         vp = _gather(v_cache, chunk.blocks, meta.block_size).transpose(0, 1)  # (KVH, nb * bs, hd)
         op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=chunk.mask, enable_gqa=G > 1)  # (H, n, hd)
         out[chunk.start:chunk.end] = op.transpose(0, 1)  # (n, H, hd)
@@ -169,15 +203,21 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group
     # NOTE: the G query heads that share a KV head become G "query rows" of that KV head, so K/V are
     # never repeated: (Sd, KVH, G, hd) against (Sd, KVH, L, hd), one mask row per sequence.
     qd = q.reshape(Sd, KVH, H // KVH, hd)  # (Sd, KVH, G, hd)
-    kd = _gather(k_cache, group.blocks, block_size).view(Sd, L, KVH, hd)  # (Sd, L, KVH, hd)
+    kd = _gather_keys(k_cache, group.blocks).view(Sd, L, KVH, hd)  # (Sd, L, KVH, hd)
     vd = _gather(v_cache, group.blocks, block_size).view(Sd, L, KVH, hd)  # (Sd, L, KVH, hd)
     kd, vd = kd.transpose(1, 2), vd.transpose(1, 2)  # (Sd, KVH, L, hd)
     od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask)  # (Sd, KVH, G, hd)
     return od.reshape(Sd, H, hd)
 
 
+def _gather_keys(k_cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Whole blocks of one layer's K, back in slot order. k_cache: (num_blocks, KVH, hd, bs) -> (n * bs, KVH, hd)."""
+    num_blocks, KVH, hd, bs = k_cache.shape
+    return k_cache.index_select(0, blocks).permute(0, 3, 1, 2).reshape(-1, KVH, hd)
+
+
 def _gather(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Whole blocks of one layer's K or V. cache: (num_slots, KVH, hd); blocks: (n,) -> (n * bs, KVH, hd)."""
+    """Whole blocks of one layer's V. cache: (num_slots, KVH, hd); blocks: (n,) -> (n * bs, KVH, hd)."""
     num_slots, KVH, hd = cache.shape
     by_block = cache.view(num_slots // block_size, block_size * KVH * hd)  # (num_blocks, bs * KVH * hd)
     return by_block.index_select(0, blocks).view(-1, KVH, hd)  # (n * bs, KVH, hd)

@@ -173,7 +173,8 @@ class LLMEngine:
 def load_parts(model_dir: str | Path, config: EngineConfig) -> tuple[torch.nn.Module, Tokenizer]:
     """Load the model (on config's device and dtype) and the tokenizer from a checkpoint dir."""
     _set_threads(config)
-    model = load_model(model_dir, device=config.device, dtype=getattr(torch, config.resolved_dtype))
+    model = load_model(model_dir, device=config.device, dtype=getattr(torch, config.resolved_dtype),
+                       attention=config.attention)
     return model, Tokenizer.from_dir(model_dir)
 
 

@@ -10,12 +10,15 @@ from batchlm.model_config import ModelConfig
 class KVCache:
     """The K/V tensors only; which block belongs to whom is the BlockAllocator's business.
 
-    Layout: one tensor (num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim), slot-major.
-    A slot (= block * block_size + offset) holds one token's K (or V) for all KV heads contiguously,
-    so gathering a sequence's context is a single index_select of rows per layer.
+    Layout: one tensor (num_layers, 2, num_blocks * block_size * num_kv_heads * head_dim), two views of it
+    per layer. A slot is block * block_size + offset.
+    - V, slot-major: `v[layer]` is (num_slots, KVH, hd); a slot holds one token's V for all KV heads.
+    - K, transposed within each block: `k[layer]` is (num_blocks, KVH, hd, block_size), so one block's
+      keys for one head are an (hd, block_size) tile and its scores are block_size-wide vector FMAs
+      (batchlm/kernels/paged_attention.cpp). attention.py writes and gathers K in this layout.
 
     Guarantees: storage is allocated once, here, and never resized; `k[layer]` and `v[layer]` are views of
-    it, shape (num_slots, KVH, hd). The model is the only writer: it writes exactly the slots named
+    it, shapes as above. The model is the only writer: it writes exactly the slots named
     in ForwardBatch.slot_mapping. Freed blocks are not zeroed; readers mask everything past a context.
     """
 
@@ -34,11 +37,13 @@ class KVCache:
         self.device = torch.device(device)
         # NOTE: zeros, not empty: padded (masked) reads of never-written slots must not see NaN/Inf,
         # since 0 * NaN in the attention-weighted sum would poison the output.
+        kvh, hd = self.num_kv_heads, self.head_dim
         self.storage = torch.zeros(
-            self.num_layers, 2, num_blocks * block_size, self.num_kv_heads, self.head_dim,
-            device=self.device, dtype=dtype)  # (L, 2, num_slots, KVH, hd)
-        self.k = [self.storage[i, 0] for i in range(self.num_layers)]  # each (num_slots, KVH, hd)
-        self.v = [self.storage[i, 1] for i in range(self.num_layers)]  # each (num_slots, KVH, hd)
+            self.num_layers, 2, num_blocks * block_size * kvh * hd, device=self.device, dtype=dtype)
+        self.k = [self.storage[i, 0].view(num_blocks, kvh, hd, block_size)
+                  for i in range(self.num_layers)]  # each (num_blocks, KVH, hd, bs)
+        self.v = [self.storage[i, 1].view(num_blocks * block_size, kvh, hd)
+                  for i in range(self.num_layers)]  # each (num_slots, KVH, hd)
 
     @property
     def num_slots(self) -> int:

@@ -13,7 +13,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from batchlm import kernels
 from batchlm.attention import AttentionMetadata, paged_attention
+from batchlm.engine_config import ATTENTION_BACKENDS
+from batchlm.errors import InvalidArgument
 from batchlm.forward_batch import ForwardBatch
 from batchlm.kv_cache import KVCache
 from batchlm.model_config import ModelConfig
@@ -33,11 +36,18 @@ class RMSNorm(nn.Module):
 class Linear(nn.Module):
     """y = x @ weight.T, no bias; weight is (out_features, in_features) as in HF checkpoints.
 
-    `prepack()` (CPU, float32) trades the dense weight for a oneDNN-blocked copy. Decode streams every
-    weight from DRAM each step, and MKL's dense sgemm streams WIDE matrices (out >> in) poorly at 2..16
-    rows; packed, a batch-8 step through gate_up and lm_head is ~1.4x and ~2x cheaper. Square and narrow
-    ones get slower packed (a fixed ~12 us per call), so the model packs only the wide ones.
+    `prepack()` (CPU, float32 or bfloat16) trades the dense weight for a oneDNN-blocked copy. Decode streams
+    every weight from DRAM each step, and MKL's dense sgemm streams WIDE matrices (out >> in) poorly at
+    2..16 rows; packed, a batch-8 step through gate_up and lm_head is ~1.4x and ~2x cheaper. In float32,
+    square and narrow ones get slower packed (a fixed ~12 us per call), so the model packs only the wide
+    ones; in bfloat16 it packs all (oneDNN's bf16 kernels beat the dense path at every shape here).
     The dense weight is dropped after packing (no 2x memory).
+
+    In bfloat16 the rows go through the matmul at most `ROWS_PER_CALL` at a time. oneDNN picks another
+    kernel above 32 rows (measured: from 33..37 rows up, a row's result differs in its last bits from the
+    same row computed alone); in bfloat16 such a difference is a whole ulp of the rounded output and
+    changes greedy tokens. Under the limit every row gets the bits it gets alone, so a sequence's tokens
+    do not depend on what else shares its step (with the native attention kernel: see attention.py).
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:
@@ -46,6 +56,11 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype is torch.float32 or x.shape[0] <= ROWS_PER_CALL:
+            return self._matmul(x)  # (T, in) -> (T, out)
+        return torch.cat([self._matmul(rows) for rows in x.split(ROWS_PER_CALL)])  # (T, out)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")  # (T, out)
         return F.linear(x, self.weight)  # (T, in) -> (T, out)
@@ -53,7 +68,7 @@ class Linear(nn.Module):
     def prepack(self) -> bool:
         """Switch to the oneDNN-packed weight when this build and device support it; True if it did."""
         w = self.weight
-        if w is None or w.device.type != "cpu" or w.dtype != torch.float32 or not _onednn_linear_available():
+        if w is None or w.device.type != "cpu" or w.dtype not in PACKED_DTYPES or not _onednn_linear_available():
             return False
         try:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_FOR_ROWS)
@@ -64,6 +79,8 @@ class Linear(nn.Module):
 
 
 _PACK_FOR_ROWS = 8  # oneDNN picks its blocked layout for this many input rows (a decode batch)
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
+ROWS_PER_CALL = 32  # reduced precision: the most rows one matmul call gets (see Linear)
 
 
 def _onednn_linear_available() -> bool:
@@ -134,7 +151,25 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size)
         self.to(dtype=dtype).to_empty(device=device)
         self.rotary = RotaryEmbedding(config).to(device)  # float32 tables, real values
+        self.attention_kernel = False  # set_attention: the native kernel instead of SDPA
         self.eval()
+
+    def set_attention(self, backend: str) -> str:
+        """Choose the attention path; returns the one in use ("kernel" or "torch").
+
+        "kernel": torch.ops.batchlm.paged_attention (CPU, float32/bfloat16, built by batchlm.kernels);
+        raises InvalidArgument("attention") if it cannot run here. "torch": SDPA over gathered K/V.
+        "auto": the kernel wherever it can run, else torch.
+        """
+        if backend not in ATTENTION_BACKENDS:
+            raise InvalidArgument("attention", f"must be one of {ATTENTION_BACKENDS}, got {backend!r}")
+        usable = (self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
+                  and kernels.load())
+        if backend == "kernel" and not usable:
+            raise InvalidArgument("attention", "the batchlm kernel needs a CPU model in float32 or bfloat16 "
+                                  "and a built library (python -m batchlm.kernels)")
+        self.attention_kernel = usable and backend != "torch"
+        return "kernel" if self.attention_kernel else "torch"
 
     @property
     def device(self) -> torch.device:
@@ -151,7 +186,7 @@ class LlamaForCausalLM(nn.Module):
         Only the rows at `batch.logits_indices` (each sequence's last scheduled token) reach lm_head.
         """
         device = self.device
-        meta = AttentionMetadata.build(batch, kv_cache.block_size, device)
+        meta = AttentionMetadata.build(batch, kv_cache.block_size, device, use_kernel=self.attention_kernel)
         input_ids = batch.input_ids.to(device, non_blocking=True)  # (T,)
         positions = batch.positions.to(device, non_blocking=True)  # (T,)
         rope = self.rotary(positions, self.dtype)  # cos, sin: (T, 1, hd) each
@@ -162,12 +197,13 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.norm(h)).float()  # (S, V)
 
     def prepack_linears(self) -> int:
-        """CPU float32: move the wide Linears (out >= 2 * in: gate_up, lm_head) to oneDNN-packed weights.
+        """CPU: move Linears to oneDNN-packed weights: in float32 the wide ones (out >= 2 * in: gate_up,
+        lm_head), in bfloat16 all.
 
         Returns how many moved. Call after loading; packed weights are no longer loadable.
         """
         wide = [m for m in self.modules() if isinstance(m, Linear) and m.weight is not None
-                and m.weight.shape[0] >= 2 * m.weight.shape[1]]
+                and (m.weight.shape[0] >= 2 * m.weight.shape[1] or m.weight.dtype is torch.bfloat16)]
         return sum(m.prepack() for m in wide)
 
     def load_hf_state_dict(self, tensors: Mapping[str, torch.Tensor]) -> None:

@@ -33,6 +33,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--json", dest="json_path", help="also write the results here")
     p.add_argument("--threads", type=int, default=EngineConfig().num_threads)
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: the device's default)")
+    p.add_argument("--attention", default="auto", choices=("auto", "kernel", "torch"),
+                   help="attention path (EngineConfig.attention); the one used is printed")
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--context", type=int, default=128, help="prompt tokens before decode is timed")
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per run")
@@ -100,7 +102,9 @@ def main() -> None:
     if not (model_dir / "config.json").is_file():
         print(f"writing the default model to {model_dir}", file=sys.stderr)
         write_default_checkpoint(model_dir, seed=0)
-    parts = load_parts(str(model_dir), EngineConfig(num_threads=args.threads, dtype=args.dtype))
+    parts = load_parts(str(model_dir), EngineConfig(num_threads=args.threads, dtype=args.dtype,
+                                                    attention=args.attention))
+    args.attention_used = "kernel" if parts[0].attention_kernel else "torch"
     rows = []
     for batch in args.batches:
         seconds = best(lambda: time_decode(parts, args, batch), args.repeats)
@@ -115,14 +119,15 @@ def main() -> None:
     print(render(args, rows, prefill, ratio))
     if args.json_path:
         result = {"model_dir": str(model_dir), "threads": args.threads,
-                  "dtype": EngineConfig(dtype=args.dtype).resolved_dtype, "context": args.context,
+                  "dtype": EngineConfig(dtype=args.dtype).resolved_dtype, "attention": args.attention_used,
+                  "context": args.context,
                   "steps": args.steps, "decode": rows, "prefill": prefill, "batch8_over_batch1": ratio}
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
 
 
 def render(args, rows, prefill, ratio) -> str:
     lines = [f"Engine decode, context ~{args.context} tokens, {args.threads} threads, "
-             f"{EngineConfig(dtype=args.dtype).resolved_dtype}, "
+             f"{EngineConfig(dtype=args.dtype).resolved_dtype}, {args.attention_used} attention, "
              f"best of {args.repeats} x {args.steps} steps", "",
              "| batch | decode tok/s | ms / step |", "|---:|---:|---:|"]
     lines += [f"| {r['batch']} | {r['tokens_per_s']:.1f} | {r['ms_per_step']:.2f} |" for r in rows]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up: project venv, a tritonserver with the Python backend, the default model.
+# Idempotent set-up: project venv, a tritonserver with the Python backend, the native attention kernel,
+# the default model.
 # Fast on the second run: each step leaves a stamp keyed on what it was made from.
 #
 # Environment:
@@ -75,6 +76,13 @@ PY
   fi
 fi
 
-# 3. The default model: generated locally and deterministically, never downloaded.
+# 3. The native CPU attention kernel (batchlm/kernels, ~15 s with g++; rebuilt only when its source,
+#    torch or the CPU changes). Without it the engine falls back to torch's SDPA and the kernel tests fail.
+mkdir -p "$root/.cache"
+if ! "$venv/bin/python" -m batchlm.kernels 2>"$root/.cache/kernel-build.log"; then
+  log "WARNING: the attention kernel did not build (see .cache/kernel-build.log); serving uses the torch path"
+fi
+
+# 4. The default model: generated locally and deterministically, never downloaded.
 "$venv/bin/python" scripts/make_default_model.py --out "$root/models/default" --seed 0
 log "ready"

@@ -1,12 +1,13 @@
 """What a step costs in process: decode-only steps against steps that also prefill, per strategy.
 
-    python scripts/step_costs.py [--num-requests 128] [--decode-groups 4]
+    python scripts/step_costs.py [--num-requests 128] [--attention auto|kernel|torch] [--decode-groups 4]
 
 Runs the seeded workload (client.workload) through the engine twice on this thread: request-level
 (BatchGenerator, batches of 8 in arrival order, finished rows kept as padding) and continuous (every
 request queued at once, 8 sequences in flight). For each it prints output tok/s, and the count and
 mean time of decode-only steps (every scheduled sequence feeds one token) and of steps that also feed
-prompt tokens. `--decode-groups 1` pads all decode queries to one length (batchlm.attention).
+prompt tokens. `--attention torch` uses SDPA instead of the native kernel; with it, `--decode-groups 1`
+pads all decode queries to one length (batchlm.attention).
 """
 
 from __future__ import annotations
@@ -52,15 +53,17 @@ def measure(engine: LLMEngine, batches: list[list]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-requests", type=int, default=128)
+    p.add_argument("--attention", default="auto", choices=("auto", "kernel", "torch"))
     p.add_argument("--decode-groups", type=int, default=attention.MAX_DECODE_GROUPS)
     args = p.parse_args()
     attention.MAX_DECODE_GROUPS = args.decode_groups
     requests = build_requests(WorkloadSpec(num_requests=args.num_requests))
     model_dir = ROOT / "models" / "default"
+    config = EngineConfig(attention=args.attention)
     rows = {
-        "request-level (8 per batch)": measure(BatchGenerator.from_dir(model_dir, EngineConfig()).engine,
+        "request-level (8 per batch)": measure(BatchGenerator.from_dir(model_dir, config).engine,
                                                [requests[i:i + 8] for i in range(0, len(requests), 8)]),
-        "continuous (8 in flight)": measure(LLMEngine(model_dir, EngineConfig()), [requests]),
+        "continuous (8 in flight)": measure(LLMEngine(model_dir, config), [requests]),
     }
     keys = list(next(iter(rows.values())))
     print("| strategy | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))

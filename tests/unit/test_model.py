@@ -24,9 +24,15 @@ def small_dir(tmp_path_factory):
     return write_default_checkpoint(tmp_path_factory.mktemp("small"), seed=1, **SMALL)
 
 
+@pytest.fixture(scope="module", params=["kernel", "torch"])
+def small(small_dir, request):
+    """Both attention paths: the native kernel (built by set-up; a missing build fails here) and SDPA."""
+    return load_model(small_dir, attention=request.param)
+
+
 @pytest.fixture(scope="module")
-def small(small_dir):
-    return load_model(small_dir)
+def small_torch(small_dir):
+    return load_model(small_dir, attention="torch")
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +197,8 @@ def test_logits_only_for_each_sequences_last_token(small, reference):
 def test_kv_cache_layout_and_size(small):
     cfg = small.config
     cache = KVCache(cfg, num_blocks=10, block_size=16)
-    assert cache.k[0].shape == (160, cfg.num_kv_heads, cfg.head_dim) and len(cache.v) == cfg.num_layers
+    assert cache.k[0].shape == (10, cfg.num_kv_heads, cfg.head_dim, 16)  # keys transposed per block
+    assert cache.v[0].shape == (160, cfg.num_kv_heads, cfg.head_dim) and len(cache.v) == cfg.num_layers
     assert cache.bytes_per_block() == 2 * cfg.num_layers * 16 * cfg.num_kv_heads * cfg.head_dim * 4
     assert KVCache.blocks_for_budget(cfg, 16, torch.float32, 10 * cache.bytes_per_block()) == 10
 
@@ -219,8 +226,10 @@ def test_group_by_length_splits_only_where_padding_saved_pays():
 
 
 @pytest.mark.parametrize("with_prefill", [False, True])
-def test_decode_groups_of_different_lengths_match_the_reference(small, reference, monkeypatch, with_prefill):
-    """Single-token queries split into several length groups (scattered back into T) are exact."""
+def test_decode_groups_of_different_lengths_match_the_reference(small_torch, reference, monkeypatch,
+                                                                with_prefill):
+    """Torch path: single-token queries split into several length groups (scattered into T) are exact."""
+    small = small_torch
     monkeypatch.setattr(attention, "SPLIT_SAVING_BLOCKS", 1)  # split wherever lengths differ
     rng = random.Random(5)
     cache = KVCache(small.config, num_blocks=64, block_size=4)
@@ -237,8 +246,8 @@ def test_decode_groups_of_different_lengths_match_the_reference(small, reference
     batch_meta = []
     original_build = attention.AttentionMetadata.build.__func__
 
-    def build(cls, batch, block_size, device):
-        batch_meta.append(original_build(cls, batch, block_size, device))
+    def build(cls, batch, block_size, device, use_kernel=False):
+        batch_meta.append(original_build(cls, batch, block_size, device, use_kernel))
         return batch_meta[-1]
 
     monkeypatch.setattr(attention.AttentionMetadata, "build", classmethod(build))

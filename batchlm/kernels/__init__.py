@@ -1,0 +1,92 @@
+"""Native CPU kernels, compiled once from C++ against torch's headers and loaded as torch ops.
+
+    python -m batchlm.kernels        # build (scripts/setup.sh does this), then load and print the op names
+
+`load()` registers `torch.ops.batchlm.paged_attention` (see paged_attention.cpp for its contract) if the
+library was built for this exact source, torch version, compiler flags and CPU; it never compiles, so a
+server process never waits on a compiler. Callers fall back to the torch path when it returns False.
+The library goes to `batchlm/kernels/build/` (ignored by git), one file per key, so a stale build is never
+loaded: a changed source or a different CPU gets a new file name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+SOURCES = (HERE / "paged_attention.cpp",)
+BUILD_DIR = HERE / "build"
+# NOTE: -march=native: the library is built on the machine that runs it (set-up), and its file name
+# carries the CPU's model and flags. No -ffast-math: the kernels' sums must keep their written order.
+CXXFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-Wall")
+
+_loaded: bool | None = None
+
+
+def _cpu_signature() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def _compile_command(out: Path) -> list[str]:
+    from torch.utils.cpp_extension import include_paths
+
+    torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return ["g++", *CXXFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *[f"-I{p}" for p in include_paths()], *map(str, SOURCES), "-o", str(out),
+            f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
+
+
+def library_path() -> Path:
+    """Where the library for this source, torch, flags and CPU lives (built or not)."""
+    h = hashlib.sha256()
+    for src in SOURCES:
+        h.update(src.read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(" ".join(CXXFLAGS).encode())
+    h.update(_cpu_signature().encode())
+    return BUILD_DIR / f"batchlm_kernels-{h.hexdigest()[:16]}.so"
+
+
+def build(force: bool = False) -> Path:
+    """Compile the library unless it is already built; returns its path. Raises CalledProcessError."""
+    out = library_path()
+    if out.exists() and not force:
+        return out
+    BUILD_DIR.mkdir(exist_ok=True)
+    tmp = out.with_suffix(".tmp.so")
+    subprocess.run(_compile_command(tmp), check=True)
+    tmp.replace(out)  # NOTE: atomic: a concurrent loader never sees half a file
+    for stale in BUILD_DIR.glob("batchlm_kernels-*.so"):
+        if stale != out:
+            stale.unlink(missing_ok=True)
+    return out
+
+
+def load() -> bool:
+    """Register the ops if the matching library is built; True if `torch.ops.batchlm` is usable."""
+    global _loaded
+    if _loaded is None:
+        path = library_path()
+        _loaded = False
+        if path.exists():
+            try:
+                torch.ops.load_library(str(path))
+                _loaded = True
+            except (OSError, RuntimeError) as exc:
+                log.warning("batchlm kernels at %s did not load (%s); using the torch path", path, exc)
+    return _loaded
