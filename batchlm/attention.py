@@ -70,6 +70,11 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]  # torch path: multi-token chunks, in batch order
     kernel: KernelIndex | None = None  # set when the native kernel attends (then the two above are empty)
 
+    def __post_init__(self) -> None:
+        # where each token's K goes in the block-transposed K cache: (block, offset), shared by all layers
+        self.key_block = self.slot_mapping.div(self.block_size, rounding_mode="floor")  # (T,)
+        self.key_offset = self.slot_mapping.remainder(self.block_size)  # (T,)
+
     @property
     def all_decode(self) -> bool:
         """Every token is a single-token query of one group (a steady-state step): no scatter needed."""
@@ -174,7 +179,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     G = H // KVH
     bs = meta.block_size
     by_offset = k_cache.permute(0, 3, 1, 2)  # (num_blocks, bs, KVH, hd): a view, writes go through
-    by_offset[meta.slot_mapping // bs, meta.slot_mapping % bs] = k
+    by_offset[meta.key_block, meta.key_offset] = k
     v_cache.index_copy_(0, meta.slot_mapping, v)
     if meta.kernel is not None:
         index = meta.kernel

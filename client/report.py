@@ -26,6 +26,7 @@ def environment(http_url: str | None = None) -> dict:
         "machine": platform.machine(), "platform": platform.platform(), "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
         "packages": {name: _version(name) for name in PACKAGES},
+        "attention_kernel": _attention_kernel(),
     }
     if http_url is not None:
         r = requests.get(f"http://{http_url}/v2", timeout=10)
@@ -33,6 +34,16 @@ def environment(http_url: str | None = None) -> dict:
         server = r.json()
         env["server"] = {"name": server.get("name"), "version": server.get("version")}
     return env
+
+
+def _attention_kernel() -> str | None:
+    """The batchlm attention kernel built on this machine (the engine's `attention: auto` uses it), or None."""
+    try:
+        from batchlm import kernels
+    except ImportError:  # NOTE: a client machine without the engine's dependencies
+        return None
+    path = kernels.library_path()
+    return path.name if path.exists() else None
 
 
 def model_config(http_url: str, model: str) -> dict:

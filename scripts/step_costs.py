@@ -1,6 +1,7 @@
 """What a step costs in process: decode-only steps against steps that also prefill, per strategy.
 
-    python scripts/step_costs.py [--num-requests 128] [--attention auto|kernel|torch] [--decode-groups 4]
+    python scripts/step_costs.py [--num-requests 128] [--dtype bfloat16] [--attention auto|kernel|torch]
+                                 [--decode-groups 4]
 
 Runs the seeded workload (client.workload) through the engine twice on this thread: request-level
 (BatchGenerator, batches of 8 in arrival order, finished rows kept as padding) and continuous (every
@@ -53,13 +54,14 @@ def measure(engine: LLMEngine, batches: list[list]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-requests", type=int, default=128)
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: the device's default)")
     p.add_argument("--attention", default="auto", choices=("auto", "kernel", "torch"))
     p.add_argument("--decode-groups", type=int, default=attention.MAX_DECODE_GROUPS)
     args = p.parse_args()
     attention.MAX_DECODE_GROUPS = args.decode_groups
     requests = build_requests(WorkloadSpec(num_requests=args.num_requests))
     model_dir = ROOT / "models" / "default"
-    config = EngineConfig(attention=args.attention)
+    config = EngineConfig(dtype=args.dtype, attention=args.attention)
     rows = {
         "request-level (8 per batch)": measure(BatchGenerator.from_dir(model_dir, config).engine,
                                                [requests[i:i + 8] for i in range(0, len(requests), 8)]),

@@ -40,8 +40,10 @@ class ContinuousBatchingService:
     def __init__(self, build_engine: Callable[[], LLMEngine], metrics: ModelMetrics, max_waiting: int,
                  cancel_check_interval: float = 0.1) -> None:
         """Builds the engine on the engine thread and returns when it is built (or raises)."""
-        # NOTE: sender.is_cancelled() is an IPC round trip to the server; asking it for every waiting
-        # request at every step cost a third of the step time, so waiting ones are polled at this interval.
+        # NOTE: sender.is_cancelled() is an IPC round trip to the server. Asked for every waiting request at
+        # every step it cost a third of the step time; asked for the 8 running ones at every step, 7% of
+        # served throughput. So every request is asked once per `cancel_check_interval` seconds (streamed
+        # ones also stop at once when a send fails).
         self._cancel_check_interval = cancel_check_interval
         self._next_cancel_check = 0.0
         self._metrics = metrics
@@ -125,16 +127,13 @@ class ContinuousBatchingService:
             self._active[request_id] = active
 
     def _abort_cancelled(self) -> None:
-        """Abort what clients cancelled. `is_cancelled()` is a round trip to the server, so running
-        requests (which hold a batch slot and KV blocks) are asked every step, and waiting ones (which
-        hold nothing yet) every `cancel_check_interval` seconds."""
+        """Abort what clients cancelled, asking Triton at most every `cancel_check_interval` seconds: a
+        cancelled request keeps its batch slot and KV blocks for at most that long (plus one step)."""
         now = time.monotonic()
-        if now >= self._next_cancel_check:
-            self._next_cancel_check = now + self._cancel_check_interval
-            candidates = list(self._active)
-        else:
-            candidates = [rid for rid in self._engine.running_request_ids() if rid in self._active]
-        for request_id in candidates:
+        if now < self._next_cancel_check:
+            return
+        self._next_cancel_check = now + self._cancel_check_interval
+        for request_id in list(self._active):
             active = self._active[request_id]
             if not active.cancelled and active.sender.is_cancelled():
                 active.cancelled = True

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from batchlm.engine_config import EngineConfig
 from batchlm.errors import InvalidArgument
 
-SERVING_KEYS = ("model_dir", "batch_size", "max_waiting")
+SERVING_KEYS = ("model_dir", "batch_size", "max_waiting", "cancellation_check_period_ms")
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,9 @@ class ServingConfig:
     batch_size: int  # static batching only: requests per batch
     max_waiting: int  # requests held before new ones are refused with UNAVAILABLE
     engine: EngineConfig  # everything else in `parameters`
+    # continuous batching: how often the engine thread asks Triton which requests were cancelled (each ask
+    # is a round trip to the server per request); the TensorRT-LLM backend's parameter, same default
+    cancellation_check_period_ms: int = 100
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "ServingConfig":
@@ -25,6 +28,7 @@ class ServingConfig:
             model_dir=params.get("model_dir", "models/default"),
             batch_size=_positive_int(params, "batch_size", 8),
             max_waiting=_positive_int(params, "max_waiting", 64),
+            cancellation_check_period_ms=_positive_int(params, "cancellation_check_period_ms", 100),
             engine=EngineConfig.from_parameters(rest, strict=True),
         )
 

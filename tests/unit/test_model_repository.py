@@ -64,3 +64,12 @@ def test_unknown_parameter_is_named():
     with pytest.raises(ValueError, match="batch_size"):
         ServingConfig.from_parameters({"batch_size": "eight"})
     assert isinstance(ServingConfig.from_parameters({}).engine, EngineConfig)
+
+
+def test_cancellation_check_period_is_parsed_and_checked():
+    assert ServingConfig.from_parameters({}).cancellation_check_period_ms == 100  # TRT-LLM backend's default
+    assert ServingConfig.from_parameters({"cancellation_check_period_ms": "20"}).cancellation_check_period_ms == 20
+    with pytest.raises(ValueError, match="cancellation_check_period_ms"):
+        ServingConfig.from_parameters({"cancellation_check_period_ms": "0"})
+    with pytest.raises(ValueError, match="attention"):
+        ServingConfig.from_parameters({"attention": "flash"})
