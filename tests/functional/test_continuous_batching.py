@@ -1,4 +1,4 @@
-"""continuous_batching: per-step scheduling, streaming, cancellation frees KV within a step."""
+"""continuous_batching: per-step scheduling, streaming, cancellation frees KV within a check period."""
 
 import time
 from concurrent.futures import ThreadPoolExecutor
