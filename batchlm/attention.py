@@ -217,7 +217,7 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group
 
 def _gather_keys(k_cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """Whole blocks of one layer's K, back in slot order. k_cache: (num_blocks, KVH, hd, bs) -> (n * bs, KVH, hd)."""
-    num_blocks, KVH, hd, bs = k_cache.shape
+    _, KVH, hd, _ = k_cache.shape
     return k_cache.index_select(0, blocks).permute(0, 3, 1, 2).reshape(-1, KVH, hd)
 
 
