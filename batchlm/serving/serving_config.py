@@ -16,8 +16,9 @@ class ServingConfig:
     batch_size: int  # static batching only: requests per batch
     max_waiting: int  # requests held before new ones are refused with UNAVAILABLE
     engine: EngineConfig  # everything else in `parameters`
-    # continuous batching: how often the engine thread asks Triton which requests were cancelled (each ask
-    # is a round trip to the server per request); the TensorRT-LLM backend's parameter, same default
+    # continuous batching: how often every request is asked whether it was cancelled (a round trip to the
+    # server per request, made by a CancellationWatcher thread); the TensorRT-LLM backend's parameter and
+    # default
     cancellation_check_period_ms: int = 100
 
     @classmethod

@@ -3,6 +3,7 @@
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import tritonclient.grpc as grpcclient
 
 from client.triton_llm import LLMClient, grpc_inputs, request_fields
@@ -60,7 +61,10 @@ def test_http_generate_stream(llm):
     assert "".join(c.text for c in chunks) == llm.generate(MODEL, "Hello there", 12, ignore_eos=True).text
 
 
-def test_cancelled_streams_free_their_kv(server):
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole-answer"])
+def test_cancelled_requests_free_their_kv(server, stream):
+    """A streamed request learns of cancellation from a failed send or the cancellation watcher; a whole-
+    answer one (nothing is sent until it ends) only from the watcher."""
     clients = []
     received = []
 
@@ -70,17 +74,16 @@ def test_cancelled_streams_free_their_kv(server):
     for i in range(4):
         c = grpcclient.InferenceServerClient(server.grpc_url)
         c.start_stream(callback=on_response)
-        fields = request_fields(f"Cancel me {i}", 800, ignore_eos=True, stream=True)
+        fields = request_fields(f"Cancel me {i}", 800, ignore_eos=True, stream=stream)
         c.async_stream_infer(MODEL, grpc_inputs(fields))
         clients.append(c)
-    deadline = time.monotonic() + 60
-    while len(received) < 20 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # all 4 running, and (streamed) some tokens sent
+    while time.monotonic() < deadline and not (
+            metric_value(server, "batchlm_running_requests", MODEL) == 4 and (not stream or len(received) >= 20)):
         time.sleep(0.05)
-    assert len(received) >= 20, "streams did not start"
-    deadline = time.monotonic() + 5  # metrics are pushed at most every 0.1 s
-    while not metric_value(server, "batchlm_kv_blocks_used", MODEL) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert metric_value(server, "batchlm_running_requests", MODEL) == 4, "requests did not start"
     assert metric_value(server, "batchlm_kv_blocks_used", MODEL) > 0
+    assert received.count(True) == (len(received) if stream else 0)
     for c in clients:
         c.stop_stream(cancel_requests=True)
         c.close()
