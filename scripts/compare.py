@@ -16,7 +16,8 @@ Then variants written into the results folder (never into model_repository/): st
 pad_finished_rows=false, and continuous batching with the same KV memory (512 blocks x 16 tokens) but
 --same-kv-seqs sequences in flight, saturated as long as the others: the same number of requests per
 sequence slot (128 / 8 = 16, so 1024 requests for 64 slots: with 128 the 64 slots drained for half of
-the run); and the engine in process (no Triton) on the saturation workload.
+the run), --repeats times like the main saturation runs (it is a target; the unpadded variants run
+once); and the engine in process (no Triton) on the saturation workload.
 Writes runs/*.json|md, comparison.md|json and plots/*.png under --out.
 """
 
@@ -180,8 +181,7 @@ class Comparison:
             self.strategy(name, role_name=f"{name}_unpadded", repository=repo, repeats=1)
         repo = comparison.write_variant(variants / "same_kv", CONT, {"max_num_seqs": str(args.same_kv_seqs)})
         self.strategy(CONT, role_name=f"{CONT}_same_kv", repository=repo,
-                      concurrency=max(args.concurrency, args.same_kv_seqs), requests=self.same_kv_requests,
-                      repeats=1)
+                      concurrency=max(args.concurrency, args.same_kv_seqs), requests=self.same_kv_requests)
         with self._cpu():
             engine = engine_throughput(PROJECT_ROOT / "models/default", self._engine_config(), self.requests)
         print(f"engine in process: {engine['output_token_throughput']:.1f} tok/s", flush=True)
