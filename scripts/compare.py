@@ -2,22 +2,24 @@
 
     python scripts/compare.py [--out results/compare] [--lock-file /tmp/batchlm-cpu.lock] [--publish docs/results]
 
-For each strategy it starts its own tritonserver (free ports, only that model loaded, so strategies do
-not share the CPU), warms it up, and runs the same seeded workload (client.workload defaults):
-1. saturation: closed loop at --concurrency (32) with --num-requests (128), --repeats (3) times in a row,
-   the median run by output tok/s reported (this VM's speed drifts by up to 20% within minutes), every
-   strategy answering
-   each request once (stream=false), so all three send the same responses and the throughput compares
-   scheduling alone; continuous batching is then also measured streamed (a response per token), which
-   shows what per-token responses cost on this machine;
-2. an open-loop Poisson sweep at the same absolute rates for every strategy: 0.5x and 0.9x dynamic
-   batching's saturation rate, plus 0.9x continuous batching's own, --num-open (48) requests each.
-Then variants written into the results folder (never into model_repository/): static and dynamic with
-pad_finished_rows=false, and continuous batching with the same KV memory (512 blocks x 16 tokens) but
---same-kv-seqs sequences in flight, saturated as long as the others: the same number of requests per
-sequence slot (128 / 8 = 16, so 1024 requests for 64 slots: with 128 the 64 slots drained for half of
-the run), --repeats times like the main saturation runs (it is a target; the unpadded variants run
-once); and the engine in process (no Triton) on the saturation workload.
+Every run gets its own tritonserver (free ports, only that model loaded, so strategies never share the
+CPU), warmed up, and the same seeded workload (client.workload defaults):
+1. saturation, in --repeats (3) interleaved rounds: each round runs dynamic, static and continuous
+   batching closed loop at --concurrency (32) on --num-requests (128), then the engine in process (no
+   Triton) on the same requests, then continuous batching with the same KV memory (512 blocks x 16
+   tokens) but --same-kv-seqs (64) sequences in flight, closed loop at 64 on as many requests per
+   sequence slot as the others (128 / 8 = 16, so 1024: with 128 its 64 slots drained for half of the
+   run). The median run of each counts. This VM's speed drifts by up to 2x over tens of minutes, and
+   not on every strategy alike (README, "Measured comparison"); interleaved, a slow phase falls on
+   every strategy instead of on whichever ran in it. Every
+   strategy answers each request once (stream=false), so all send the same responses and the
+   throughput compares scheduling alone;
+2. per strategy, on one server: continuous batching also streamed at saturation (a response per token,
+   what per-token responses cost on this machine), and an open-loop Poisson sweep at the same absolute
+   rates for every strategy: 0.5x and 0.9x dynamic batching's saturation rate, plus 0.9x continuous
+   batching's own, --num-open (48) requests each;
+3. variants written into the results folder (never into model_repository/): static and dynamic with
+   pad_finished_rows=false, one saturation run each.
 Writes runs/*.json|md, comparison.md|json and plots/*.png under --out.
 """
 
@@ -124,27 +126,60 @@ class Comparison:
               flush=True)
         return doc
 
-    def strategy(self, name: str, rates=lambda sat: {}, role_name: str | None = None,
-                 repository: Path = DEFAULT_REPOSITORY, concurrency: int | None = None,
-                 streamed_saturation: bool = False, requests: list[WorkloadRequest] | None = None,
-                 repeats: int | None = None) -> dict:
-        """Saturation first (not streamed; `repeats` runs, the median one is `<role>/saturation`, the
-        others `<role>/saturation-repeat-<i>`; then one streamed run if asked), then the open-loop points
-        `rates(saturation document)` names (streamed where the model can)."""
+    def saturation_rounds(self) -> tuple[dict[str, dict], dict]:
+        """--repeats rounds; each round runs every saturation target once, one after the other (a fresh
+        server per run), and the engine in process once. Interleaved, a drift of this VM's speed (up
+        to 2x over tens of minutes) falls on every strategy alike instead of on whichever ran in the
+        slow phase. Returns the median run per role (renamed `<role>/saturation`) and the median
+        in-process result."""
+        args = self.args
+        same_kv = comparison.write_variant(self.out / "variants" / "same_kv", CONT,
+                                           {"max_num_seqs": str(args.same_kv_seqs)})
+        targets = [  # role, model, repository, concurrency, requests
+            (DYNAMIC, DYNAMIC, DEFAULT_REPOSITORY, args.concurrency, self.requests),
+            (STATIC, STATIC, DEFAULT_REPOSITORY, args.concurrency, self.requests),
+            (CONT, CONT, DEFAULT_REPOSITORY, args.concurrency, self.requests),
+            (f"{CONT}_same_kv", CONT, same_kv, max(args.concurrency, args.same_kv_seqs), self.same_kv_requests),
+        ]
+        runs: dict[str, list[dict]] = {role: [] for role, *_ in targets}
+        engines: list[dict] = []
+        for i in range(args.repeats):
+            for role, model, repository, concurrency, requests in targets:
+                with self._server(model, repository) as server:
+                    runs[role].append(self._measure(f"{role}/saturation-repeat-{i + 1}", server, model,
+                                                    ArrivalSpec.closed_loop(concurrency), requests, stream=False))
+                if role == CONT:
+                    with self._cpu():
+                        engine = engine_throughput(PROJECT_ROOT / "models/default",
+                                                   self._engine_config(runs[CONT][0]), self.requests)
+                    engines.append(engine)
+                    print(f"engine in process, round {i + 1}: {engine['output_token_throughput']:.1f} tok/s",
+                          flush=True)
+        medians = {role: self._keep_median(role, role_runs) for role, role_runs in runs.items()}
+        engine = sorted(engines, key=lambda e: e["output_token_throughput"])[(len(engines) - 1) // 2]
+        engine["rounds"] = [round(e["output_token_throughput"], 1) for e in engines]
+        print(f"engine in process: median of {engine['rounds']} output tok/s", flush=True)
+        return medians, engine
+
+    def strategy(self, name: str, rates: dict[str, float], role_name: str | None = None,
+                 repository: Path = DEFAULT_REPOSITORY, streamed_saturation: bool = False,
+                 saturation_runs: int = 0) -> None:
+        """On one server: `saturation_runs` closed-loop runs, not streamed (the median one becomes
+        `<role>/saturation`); one streamed saturation run if asked; then the open-loop points of `rates`
+        (streamed where the model can)."""
         role_name = role_name or name
-        closed = ArrivalSpec.closed_loop(concurrency or self.args.concurrency)
-        requests = requests or self.requests
+        closed = ArrivalSpec.closed_loop(self.args.concurrency)
         with self._server(name, repository) as server:
-            runs = [self._measure(f"{role_name}/saturation-repeat-{i + 1}", server, name, closed, requests,
-                                  stream=False) for i in range(repeats or self.args.repeats)]
-            sat = self._keep_median(role_name, runs)
+            runs = [self._measure(f"{role_name}/saturation-repeat-{i + 1}", server, name, closed, self.requests,
+                                  stream=False) for i in range(saturation_runs)]
+            if runs:
+                self._keep_median(role_name, runs)
             if streamed_saturation:
                 self._measure(f"{role_name}_streamed/saturation", server, name, closed, self.requests,
                               stream=True)
-            for role, rate in rates(sat).items():
+            for role, rate in rates.items():
                 self._measure(f"{role_name}/{role}", server, name, ArrivalSpec.open_loop(rate),
                               self.open_requests)
-        return sat
 
     def _keep_median(self, role_name: str, runs: list[dict]) -> dict:
         """Rename the median run (by output tok/s) to `<role>/saturation`; the others keep their names."""
@@ -161,35 +196,24 @@ class Comparison:
         return median
 
     def run(self) -> None:
-        args = self.args
         print(f"workload {self.spec.as_dict()}; step-count bound at 8: "
               f"{self.spec.static_speedup_bound(8):.2f}x", flush=True)
-        common: dict[str, float] = {}
-
-        def dynamic_rates(sat: dict) -> dict[str, float]:
-            r_d = sat["summary"]["request_throughput"]
-            common.update({"half-dynamic": 0.5 * r_d, "near-dynamic": 0.9 * r_d})
-            return common
-
-        self.strategy(DYNAMIC, dynamic_rates)
-        self.strategy(STATIC, lambda sat: common)
-        self.strategy(CONT, lambda sat: {
-            **common, "near-own": 0.9 * sat["summary"]["request_throughput"]}, streamed_saturation=True)
+        saturation, engine = self.saturation_rounds()
+        r_d = saturation[DYNAMIC]["summary"]["request_throughput"]
+        common = {"half-dynamic": 0.5 * r_d, "near-dynamic": 0.9 * r_d}
+        self.strategy(DYNAMIC, common)
+        self.strategy(STATIC, common)
+        self.strategy(CONT, {**common, "near-own": 0.9 * saturation[CONT]["summary"]["request_throughput"]},
+                      streamed_saturation=True)
         variants = self.out / "variants"
         for name in (STATIC, DYNAMIC):
             repo = comparison.write_variant(variants / f"{name}_unpadded", name, {"pad_finished_rows": "false"})
-            self.strategy(name, role_name=f"{name}_unpadded", repository=repo, repeats=1)
-        repo = comparison.write_variant(variants / "same_kv", CONT, {"max_num_seqs": str(args.same_kv_seqs)})
-        self.strategy(CONT, role_name=f"{CONT}_same_kv", repository=repo,
-                      concurrency=max(args.concurrency, args.same_kv_seqs), requests=self.same_kv_requests)
-        with self._cpu():
-            engine = engine_throughput(PROJECT_ROOT / "models/default", self._engine_config(), self.requests)
-        print(f"engine in process: {engine['output_token_throughput']:.1f} tok/s", flush=True)
+            self.strategy(name, {}, role_name=f"{name}_unpadded", repository=repo, saturation_runs=1)
         self.report(engine)
 
-    def _engine_config(self) -> EngineConfig:
-        """The continuous model's EngineConfig, as the server reported its config.pbtxt."""
-        config = self.docs[f"{CONT}/saturation"]["model_config"]
+    def _engine_config(self, doc: dict) -> EngineConfig:
+        """The continuous model's EngineConfig, as the server reported its config.pbtxt in `doc`'s run."""
+        config = doc["model_config"]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         return ServingConfig.from_parameters(params).engine
 
@@ -212,7 +236,8 @@ class Comparison:
                 "## The seed's table, measured\n\n" + comparison.seed_table(self.docs, "half-dynamic") +
                 "\n## Targets\n\n" + comparison.targets_table(targets) +
                 f"\nEngine in process (no Triton, same EngineConfig, same {len(self.requests)} requests "
-                f"queued at once): {engine['output_token_throughput']:.1f} output tok/s.\n\n"
+                f"queued at once): {engine['output_token_throughput']:.1f} output tok/s (median of the "
+                f"rounds: {engine.get('rounds')}).\n\n"
                 "## Every run (times in seconds)\n\n" + markdown_table([{"role": d["role"], **r}
                                                                        for d, r in zip(self.docs.values(), rows)]))
         (self.out / "comparison.md").write_text(text)
