@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from client.arrivals import CLOSED, ArrivalSpec
-from client.metrics_timeline import MetricsTimeline
+from client.metrics_timeline import MetricsTimeline, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
 from client.triton_llm import LLMClient, RequestFailed, collect
 from client.workload import WorkloadRequest
@@ -46,7 +46,10 @@ class BenchmarkRun:
 
     @property
     def summary(self) -> dict:
-        return summarize(self.records, self.duration, self.config.slo)
+        """summarize()'s figures, plus `saturated`: saturated_window() of the timeline (closed loop only)."""
+        summary = summarize(self.records, self.duration, self.config.slo)
+        summary["saturated"] = saturated_window(self.timeline) if self.config.arrival.mode == CLOSED else None
+        return summary
 
 
 def can_stream(llm: LLMClient, model: str) -> bool:

@@ -64,6 +64,14 @@ def _tok(doc: dict) -> float:
     return doc["summary"]["output_token_throughput"]
 
 
+def saturated_tok(result: dict) -> float:
+    """Output tok/s while the server was saturated (requests waiting), for a run document or an
+    in-process result; the whole run's figure where the window is unknown (no timeline)."""
+    figures = result.get("summary", result)
+    window = figures.get("saturated")
+    return window["output_token_throughput"] if window else figures["output_token_throughput"]
+
+
 def _q(doc: dict, metric: str, key: str) -> float:
     return doc["summary"][metric][key]
 
@@ -79,7 +87,8 @@ def seed_table(docs: dict[str, dict], reference: str) -> str:
         idle_text = f"{idle:.0%} of slots empty or padding; no forward in {empty:.0%} of samples"
         latency = (f"E2E p50 {_q(ref, 'e2e', 'p50'):.1f} s / p99 {_q(ref, 'e2e', 'p99'):.1f} s; "
                    f"TTFT p50 {_q(ref, 'ttft', 'p50'):.2f} s")
-        throughput = f"{_tok(sat):.0f} output tok/s ({sat['summary']['request_throughput']:.2f} req/s)"
+        throughput = (f"{saturated_tok(sat):.0f} output tok/s while saturated ({_tok(sat):.0f} over the whole "
+                      f"run, {sat['summary']['request_throughput']:.2f} req/s)")
         unit, best = SEED_ROWS[name]
         lines.append(f"| {name} | {unit} | {idle_text} | {latency} | {throughput} | {best} |")
     return "\n".join(lines) + "\n"
@@ -91,37 +100,40 @@ def targets(docs: dict[str, dict], reference: str, bound: float, engine: dict) -
     same_kv = docs["continuous_batching_same_kv/saturation"]
     streamed = docs.get("continuous_batching_streamed/saturation")
     ref_c, ref_d = docs[f"continuous_batching/{reference}"], docs[f"dynamic_batching/{reference}"]
-    rows = [
+    sat = saturated_tok
+    rows = [  # what, measured (while saturated), whole run, limit, op
         ("continuous / static output tok/s at saturation, 8 seqs each, one response per request",
-         _tok(cont) / _tok(static), 2.3, ">="),
+         sat(cont) / sat(static), _tok(cont) / _tok(static), 2.3, ">="),
         ("continuous / dynamic output tok/s at saturation, 8 seqs each, one response per request",
-         _tok(cont) / _tok(dyn), 2.3, ">="),
-        ("step-count bound E[longest of 8] / E[mean] of the workload", bound, None, ""),
-        ("continuous (same KV memory) / static output tok/s at saturation", _tok(same_kv) / _tok(static),
-         5.0, ">="),
+         sat(cont) / sat(dyn), _tok(cont) / _tok(dyn), 2.3, ">="),
+        ("step-count bound E[longest of 8] / E[mean] of the workload", bound, None, None, ""),
+        ("continuous (same KV memory) / static output tok/s at saturation", sat(same_kv) / sat(static),
+         _tok(same_kv) / _tok(static), 5.0, ">="),
         (f"continuous / dynamic p50 E2E at {ref_d['arrival']['label']}",
-         _q(ref_c, "e2e", "p50") / _q(ref_d, "e2e", "p50"), 0.5, "<="),
+         _q(ref_c, "e2e", "p50") / _q(ref_d, "e2e", "p50"), None, 0.5, "<="),
         (f"continuous / dynamic p50 TTFT at {ref_d['arrival']['label']}",
-         _q(ref_c, "ttft", "p50") / _q(ref_d, "ttft", "p50"), 0.25, "<="),
+         _q(ref_c, "ttft", "p50") / _q(ref_d, "ttft", "p50"), None, 0.25, "<="),
         ("continuous through Triton / engine in process, output tok/s at saturation",
-         _tok(cont) / engine["output_token_throughput"], 0.85, ">="),
+         sat(cont) / sat(engine), _tok(cont) / engine["output_token_throughput"], 0.85, ">="),
     ]
     if streamed is not None:  # informative: what a response per token costs on this machine
         rows += [("continuous streamed / not streamed, output tok/s at saturation",
-                  _tok(streamed) / _tok(cont), None, ""),
-                 ("continuous streamed / static output tok/s at saturation", _tok(streamed) / _tok(static),
-                  None, "")]
+                  sat(streamed) / sat(cont), _tok(streamed) / _tok(cont), None, ""),
+                 ("continuous streamed / static output tok/s at saturation", sat(streamed) / sat(static),
+                  _tok(streamed) / _tok(static), None, "")]
     out = []
-    for what, value, limit, op in rows:
+    for what, value, whole_run, limit, op in rows:
         holds = None if limit is None else (value >= limit if op == ">=" else value <= limit)
-        out.append({"target": what, "measured": value, "required": f"{op} {limit}" if limit else "-",
-                    "holds": holds})
+        out.append({"target": what, "measured": value, "whole_run": whole_run,
+                    "required": f"{op} {limit}" if limit else "-", "holds": holds})
     return out
 
 
 def targets_table(rows: list[dict]) -> str:
-    lines = ["| target | measured | required | holds |", "|---|---|---|---|"]
+    """Throughput ratios are measured while saturated; `whole run` gives them over the whole closed loop."""
+    lines = ["| target | measured | whole run | required | holds |", "|---|---|---|---|---|"]
     for r in rows:
         holds = "-" if r["holds"] is None else ("yes" if r["holds"] else "NO")
-        lines.append(f"| {r['target']} | {r['measured']:.2f} | {r['required']} | {holds} |")
+        whole = "-" if r.get("whole_run") is None else f"{r['whole_run']:.2f}"
+        lines.append(f"| {r['target']} | {r['measured']:.2f} | {whole} | {r['required']} | {holds} |")
     return "\n".join(lines) + "\n"

@@ -1,8 +1,13 @@
 """Scrapes a model's Prometheus metrics every `interval` seconds during a benchmark run.
 
 Each sample holds the model's gauges (waiting, running, KV blocks) and, from the counters, the mean
-number of sequences per forward pass since the previous sample (0 when no forward ran: idle slots).
-For dynamic_batching the queue is Triton's own: `nv_inference_pending_request_count`.
+number of sequences per forward pass since the previous sample (0 when no forward ran: idle slots)
+and the output tokens generated since then. For dynamic_batching the queue is Triton's own:
+`nv_inference_pending_request_count`.
+
+`saturated_window` reads a timeline for the server's throughput while it was saturated, i.e. while
+requests were waiting for a slot: a closed-loop run ends with a drain (the last requests finish with
+fewer in flight than slots), which is not saturation and which costs the strategies unequally.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ FAMILIES = {
     "forward_sequences": "batchlm_forward_sequences",
     "forward_passes": "batchlm_forward_passes_total",
     "forward_sequences_total": "batchlm_forward_sequences_total",
+    "generated_tokens": "batchlm_generated_tokens_total",
     "waiting": "batchlm_waiting_requests",
     "running": "batchlm_running_requests",
     "kv_used": "batchlm_kv_blocks_used",
@@ -34,6 +40,7 @@ class MetricsSample:
     running: float
     kv_used: float
     kv_total: float
+    generated_tokens: float = 0.0  # output tokens the model generated since the previous sample
 
 
 def parse_metrics(text: str, model: str) -> dict[str, float]:
@@ -87,8 +94,27 @@ class MetricsTimeline:
             passes = now.get("forward_passes", 0.0) - previous.get("forward_passes", 0.0)
             seqs = now.get("forward_sequences_total", 0.0) - previous.get("forward_sequences_total", 0.0)
             waiting = now.get("waiting", 0.0) + now.get("triton_pending", 0.0)
+            tokens = now.get("generated_tokens", 0.0) - previous.get("generated_tokens", 0.0)
             self.samples.append(MetricsSample(
                 t=time.perf_counter() - self._start, seqs_per_forward=seqs / passes if passes else 0.0,
                 forward_passes=passes, waiting=waiting, running=now.get("running", 0.0),
-                kv_used=now.get("kv_used", 0.0), kv_total=now.get("kv_total", 0.0)))
+                kv_used=now.get("kv_used", 0.0), kv_total=now.get("kv_total", 0.0), generated_tokens=tokens))
             previous = now
+
+
+def saturated_window(samples: list[dict]) -> dict | None:
+    """Output tokens/s from the timeline's start to its last sample with requests waiting.
+
+    Counts the tokens the server generated (its counter, not the answers received), so tokens of
+    requests still running at the window's end count. None when no sample saw a request waiting or
+    the timeline has no token counts (a model without the counter, or a run shorter than a sample).
+    """
+    waiting = [i for i, s in enumerate(samples) if s["waiting"] > 0]
+    if not waiting or samples[waiting[-1]]["t"] <= 0:
+        return None
+    window = samples[:waiting[-1] + 1]
+    tokens = sum(s.get("generated_tokens", 0.0) for s in window)
+    if tokens <= 0:
+        return None
+    duration = window[-1]["t"]
+    return {"output_tokens": tokens, "duration_s": duration, "output_token_throughput": tokens / duration}

@@ -45,6 +45,8 @@ def test_runs_have_no_failures_and_exact_token_counts(documents):
             assert record["num_output_tokens"] == request.max_tokens
             assert 0 < record["ttft"] <= record["latency"]
         assert summary["output_token_throughput"] > 0
+        counted = sum(sample["generated_tokens"] for sample in doc["timeline"])  # the server's own counter
+        assert 0 < counted <= sum(r.max_tokens for r in requests), model
         assert summary["e2e"]["p50"] > 0 and summary["e2e"]["p99"] >= summary["e2e"]["p50"]
         assert doc["environment"]["server"]["version"] and doc["model_config"]["name"] == model
 

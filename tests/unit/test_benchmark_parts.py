@@ -5,8 +5,8 @@ import re
 import pytest
 
 from client.arrivals import ArrivalSpec
-from client.comparison import write_variant
-from client.metrics_timeline import parse_metrics
+from client.comparison import saturated_tok, targets_table, write_variant
+from client.metrics_timeline import parse_metrics, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
 
 
@@ -54,3 +54,29 @@ def test_variant_repository_overrides_parameters(tmp_path):
     assert 'key: "max_num_seqs" value: { string_value: "64" }' in config
     model_dir = re.search(r'key: "model_dir" value: \{ string_value: "([^"]*)"', config).group(1)
     assert model_dir.startswith("/") and (tmp_path / "continuous_batching" / "1" / "model.py").exists()
+
+
+def _sample(t, waiting, tokens):
+    return {"t": t, "seqs_per_forward": 8.0, "forward_passes": 10.0, "waiting": waiting, "running": 8.0,
+            "kv_used": 0.0, "kv_total": 512.0, "generated_tokens": tokens}
+
+
+def test_saturated_window_stops_at_the_last_sample_with_a_request_waiting():
+    # 2 s saturated at 100 tok/s, then a drain at 20 tok/s with nothing waiting
+    samples = [_sample(0.5 * i, 5 if i <= 4 else 0, 50 if i <= 4 else 10) for i in range(1, 11)]
+    window = saturated_window(samples)
+    assert window == {"output_tokens": 200, "duration_s": 2.0, "output_token_throughput": 100.0}
+    assert saturated_window([_sample(0.5, 0, 50)]) is None  # never saturated
+    assert saturated_window([_sample(0.5, 3, 0)]) is None   # no token counter
+
+
+def test_saturated_figures_fall_back_to_the_whole_run_and_the_targets_table_shows_both():
+    doc = {"summary": {"output_token_throughput": 80.0, "saturated": {"output_token_throughput": 100.0}}}
+    assert saturated_tok(doc) == 100.0
+    assert saturated_tok({"summary": {"output_token_throughput": 80.0, "saturated": None}}) == 80.0
+    assert saturated_tok({"output_token_throughput": 70.0, "saturated": None}) == 70.0  # in process
+    table = targets_table([{"target": "x / y", "measured": 2.4, "whole_run": 2.25, "required": ">= 2.3",
+                            "holds": True},
+                           {"target": "p50", "measured": 0.4, "whole_run": None, "required": "<= 0.5",
+                            "holds": True}])
+    assert "| x / y | 2.40 | 2.25 | >= 2.3 | yes |" in table and "| p50 | 0.40 | - | <= 0.5 | yes |" in table
