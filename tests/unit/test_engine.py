@@ -181,3 +181,17 @@ def test_stats_report_the_last_forward(parts):
     assert stats.last_num_tokens == prompt_tokens
     engine.step()
     assert engine.stats().last_num_tokens == 2
+
+
+def test_in_process_baseline_reads_saturation_up_to_the_last_admission(parts):
+    from client.engine_baseline import run_to_completion
+    from client.workload import WorkloadRequest
+
+    # 2 slots, 4 requests: the last is admitted when the first finishes, then 2 run and drain
+    requests = [WorkloadRequest(i, p, 0, n) for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))]
+    result = run_to_completion(make_engine(parts, max_num_seqs=2), requests)
+    saturated = result["saturated"]
+    assert result["output_tokens"] == sum(MAX_TOKENS)  # the warm-up is not counted
+    assert 0 < saturated["output_tokens"] < result["output_tokens"]
+    assert 0 < saturated["duration_s"] < result["duration_s"]
+    assert saturated["output_token_throughput"] == saturated["output_tokens"] / saturated["duration_s"]
