@@ -83,6 +83,7 @@ def summary_row(document: dict) -> dict:
     return {
         "model": document["model"], "arrival": document["arrival"]["label"],
         "req/s": s["request_throughput"], "out tok/s": s["output_token_throughput"],
+        "out tok/s saturated": (s.get("saturated") or {}).get("output_token_throughput"),
         "goodput req/s": s["goodput"],
         "TTFT p50": q("ttft", "p50"), "TTFT p99": q("ttft", "p99"),
         "E2E mean": q("e2e", "mean"), "E2E p50": q("e2e", "p50"), "E2E p90": q("e2e", "p90"),

@@ -64,6 +64,7 @@ def test_json_markdown_and_plots_are_written(documents):
     for model in STRATEGIES:
         assert json.loads((out / f"{model}.json").read_text())["model"] == model
         assert "| model |" in (out / f"{model}.md").read_text()
+        assert "| out tok/s saturated |" in (out / f"{model}.md").read_text()
     plots.throughput_latency({m: [d] for m, d in docs.items()}, out / "tl.png")
     plots.ttft_cdf(docs, out / "ttft.png")
     plots.timeline(docs["continuous_batching"], out / "timeline.png")
