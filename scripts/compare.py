@@ -55,6 +55,11 @@ STATIC, DYNAMIC, CONT = comparison.STRATEGIES
 REFERENCE = "half-dynamic"  # the open-loop point the latency targets read
 
 
+def _median(results: list[dict]) -> dict:
+    """The median result by output tok/s while saturated (the lower middle one of an even count)."""
+    return sorted(results, key=comparison.saturated_tok)[(len(results) - 1) // 2]
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("results/compare"))
@@ -165,7 +170,7 @@ class Comparison:
                     print(f"engine in process, round {i + 1}: {engine['output_token_throughput']:.1f} tok/s "
                           f"({comparison.saturated_tok(engine):.1f} while saturated)", flush=True)
         medians = {role: self._keep_median(role, role_runs) for role, role_runs in runs.items()}
-        engine = sorted(engines, key=comparison.saturated_tok)[(len(engines) - 1) // 2]
+        engine = _median(engines)
         engine["rounds"] = [round(comparison.saturated_tok(e), 1) for e in engines]
         engine["rounds_whole_run"] = [round(e["output_token_throughput"], 1) for e in engines]
         print(f"engine in process: median of {engine['rounds']} output tok/s", flush=True)
@@ -194,7 +199,7 @@ class Comparison:
     def _keep_median(self, role_name: str, runs: list[dict]) -> dict:
         """Rename the median run (by output tok/s while saturated) to `<role>/saturation`; the others keep
         their names."""
-        median = sorted(runs, key=comparison.saturated_tok)[(len(runs) - 1) // 2]
+        median = _median(runs)
         old = median["role"]
         median["role"] = f"{role_name}/saturation"
         del self.docs[old]
