@@ -55,7 +55,11 @@ def parse_metrics(text: str, model: str) -> dict[str, float]:
 
 
 class MetricsTimeline:
-    """Use as a context manager around a run; `samples` holds the timeline afterwards."""
+    """Use as a context manager around a run; `samples` holds the timeline afterwards.
+
+    Entering scrapes a baseline before the run sends anything, and exiting takes a closing sample, so
+    the samples' counter deltas add up to the whole run, even one shorter than `interval`.
+    """
 
     def __init__(self, metrics_url: str, model: str, interval: float = 0.25) -> None:
         self.metrics_url = metrics_url
@@ -65,9 +69,11 @@ class MetricsTimeline:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics-timeline", daemon=True)
         self._start = 0.0
+        self._previous: dict[str, float] = {}  # the last scrape that samples were counted from
 
     def __enter__(self) -> MetricsTimeline:
         self._start = time.perf_counter()
+        self._previous = self._scrape() or {}  # the baseline, taken before the run sends anything
         self._thread.start()
         return self
 
@@ -86,20 +92,24 @@ class MetricsTimeline:
             return None  # NOTE: a missed sample is a gap in the plot, not a failed run
 
     def _run(self) -> None:
-        previous = self._scrape() or {}
         while not self._stop.wait(self.interval):
-            now = self._scrape()
-            if now is None:
-                continue
-            passes = now.get("forward_passes", 0.0) - previous.get("forward_passes", 0.0)
-            seqs = now.get("forward_sequences_total", 0.0) - previous.get("forward_sequences_total", 0.0)
-            waiting = now.get("waiting", 0.0) + now.get("triton_pending", 0.0)
-            tokens = now.get("generated_tokens", 0.0) - previous.get("generated_tokens", 0.0)
-            self.samples.append(MetricsSample(
-                t=time.perf_counter() - self._start, seqs_per_forward=seqs / passes if passes else 0.0,
-                forward_passes=passes, waiting=waiting, running=now.get("running", 0.0),
-                kv_used=now.get("kv_used", 0.0), kv_total=now.get("kv_total", 0.0), generated_tokens=tokens))
-            previous = now
+            self._sample()
+        self._sample()  # the closing sample: the counters' last interval, however short the run was
+
+    def _sample(self) -> None:
+        now = self._scrape()
+        if now is None:
+            return
+        previous = self._previous
+        passes = now.get("forward_passes", 0.0) - previous.get("forward_passes", 0.0)
+        seqs = now.get("forward_sequences_total", 0.0) - previous.get("forward_sequences_total", 0.0)
+        waiting = now.get("waiting", 0.0) + now.get("triton_pending", 0.0)
+        tokens = now.get("generated_tokens", 0.0) - previous.get("generated_tokens", 0.0)
+        self.samples.append(MetricsSample(
+            t=time.perf_counter() - self._start, seqs_per_forward=seqs / passes if passes else 0.0,
+            forward_passes=passes, waiting=waiting, running=now.get("running", 0.0),
+            kv_used=now.get("kv_used", 0.0), kv_total=now.get("kv_total", 0.0), generated_tokens=tokens))
+        self._previous = now
 
 
 def saturated_window(samples: list[dict]) -> dict | None:

@@ -1,12 +1,14 @@
 """Benchmark building blocks without a server: arrivals, per-request stats, metrics parsing, variants."""
 
 import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from client.arrivals import ArrivalSpec
 from client.comparison import saturated_tok, targets_table, write_variant
-from client.metrics_timeline import parse_metrics, saturated_window
+from client.metrics_timeline import MetricsTimeline, parse_metrics, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
 
 
@@ -46,6 +48,34 @@ def test_parse_metrics_reads_one_model():
     text = ('batchlm_forward_sequences{model="a"} 3\nbatchlm_forward_sequences{model="b"} 7\n'
             'nv_inference_pending_request_count{model="a",version="1"} 2\n# HELP x\n')
     assert parse_metrics(text, "a") == {"forward_sequences": 3.0, "triton_pending": 2.0}
+
+
+class _MetricsPage(BaseHTTPRequestHandler):
+    tokens = 100  # the counter the page shows; a test moves it
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = f'batchlm_generated_tokens_total{{model="m"}} {type(self).tokens}\n'.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_timeline_counts_a_run_shorter_than_one_interval():
+    # The baseline is scraped on entry and a closing sample taken on exit: no token of the run is lost.
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _MetricsPage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _MetricsPage.tokens = 100
+        with MetricsTimeline(f"http://127.0.0.1:{server.server_port}/metrics", "m", interval=30.0) as timeline:
+            _MetricsPage.tokens = 142
+        assert [s.generated_tokens for s in timeline.samples] == [42.0]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_variant_repository_overrides_parameters(tmp_path):
