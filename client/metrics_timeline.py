@@ -69,11 +69,11 @@ class MetricsTimeline:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics-timeline", daemon=True)
         self._start = 0.0
-        self._previous: dict[str, float] = {}  # the last scrape that samples were counted from
+        self._previous: dict[str, float] | None = None  # the last scrape samples are counted from
 
     def __enter__(self) -> MetricsTimeline:
         self._start = time.perf_counter()
-        self._previous = self._scrape() or {}  # the baseline, taken before the run sends anything
+        self._previous = self._scrape()  # the baseline, taken before the run sends anything
         self._thread.start()
         return self
 
@@ -101,6 +101,9 @@ class MetricsTimeline:
         if now is None:
             return
         previous = self._previous
+        self._previous = now
+        if previous is None:  # no baseline yet (a missed scrape): counting from 0 would count old runs
+            return
         passes = now.get("forward_passes", 0.0) - previous.get("forward_passes", 0.0)
         seqs = now.get("forward_sequences_total", 0.0) - previous.get("forward_sequences_total", 0.0)
         waiting = now.get("waiting", 0.0) + now.get("triton_pending", 0.0)
@@ -109,7 +112,6 @@ class MetricsTimeline:
             t=time.perf_counter() - self._start, seqs_per_forward=seqs / passes if passes else 0.0,
             forward_passes=passes, waiting=waiting, running=now.get("running", 0.0),
             kv_used=now.get("kv_used", 0.0), kv_total=now.get("kv_total", 0.0), generated_tokens=tokens))
-        self._previous = now
 
 
 def saturated_window(samples: list[dict]) -> dict | None:
