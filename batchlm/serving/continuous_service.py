@@ -88,12 +88,14 @@ class ContinuousBatchingService:
             triton_io.send_final(sender, triton_io.error_response(error))
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the engine thread; fail what is still pending with UNAVAILABLE."""
+        """Stop the watcher and the engine thread within `timeout` seconds in all; fail what is still
+        pending with UNAVAILABLE."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             self._closed = True
             self._wake.notify()
         self._watcher.close(timeout)
-        self._thread.join(timeout)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
             pending = self._inbox
             self._inbox = []
