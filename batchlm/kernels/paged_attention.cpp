@@ -24,6 +24,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -113,6 +115,18 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 2
+#endif
+constexpr int64_t kPrefetchBlocks = PREFETCH_BLOCKS;
+
+// Ask for the cache lines of n elements from p on (a hint: no effect on results).
+template <typename T>
+inline void prefetch(const T* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off, 0, 3);
+}
+
 template <typename T>
 inline const float* widen(const T* src, float* scratch, int64_t n) {
   load_row(src, scratch, n);
@@ -124,50 +138,92 @@ inline const float* widen<float>(const float* src, float*, int64_t) {
   return src;
 }
 
-// Scores of one block: s[h * stride + l] = q_h . key l, for the BS keys of a (hd, BS) transposed block.
-// BS > 0 is the block size known at compile time (fully vectorized); BS == 0 reads it from bs.
-template <int BS>
-inline void block_scores(const float* qf, const float* kt, float* s, int64_t G, int64_t hd, int64_t bs,
+// Scores of one block: s[h * stride + l] = q_h . key l, for the G heads and BS keys of a (hd, BS) transposed
+// block. Each key row is loaded once for all G heads; every score still sums its hd products in order d = 0..
+// BS > 0 and GG > 0 are the block size and heads per KV head known at compile time (accumulators in
+// registers); 0 reads them from bs and G.
+template <int BS, int GG>
+inline void block_scores(const float* qf, const float* kt, float* s, int64_t G_, int64_t hd, int64_t bs,
                          int64_t stride) {
   const int64_t n = BS > 0 ? BS : bs;
-  for (int64_t h = 0; h < G; ++h) {
-    float acc[BS > 0 ? BS : 1];
-    float* out = BS > 0 ? acc : s + h * stride;
-    for (int64_t l = 0; l < n; ++l) out[l] = 0.0f;
-    const float* qh = qf + h * hd;
+  const int64_t G = GG > 0 ? GG : G_;
+#ifdef __AVX512F__
+  if constexpr (BS == kLanes && GG > 0) {
+    __m512 acc[GG];
+    for (int h = 0; h < GG; ++h) acc[h] = _mm512_setzero_ps();
     for (int64_t d = 0; d < hd; ++d) {
-      const float qd = qh[d];
-      const float* row = kt + d * n;
-      for (int64_t l = 0; l < n; ++l) out[l] = std::fma(qd, row[l], out[l]);
+      const __m512 row = _mm512_loadu_ps(kt + d * BS);
+      for (int h = 0; h < GG; ++h) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(qf[h * hd + d]), row, acc[h]);
     }
-    if (BS > 0)
-      for (int64_t l = 0; l < n; ++l) s[h * stride + l] = out[l];
+    for (int h = 0; h < GG; ++h) _mm512_storeu_ps(s + h * stride, acc[h]);
+    return;
+  }
+#endif
+  {
+    for (int64_t h = 0; h < G; ++h) {
+      float* out = s + h * stride;
+      for (int64_t l = 0; l < n; ++l) out[l] = 0.0f;
+      const float* qh = qf + h * hd;
+      for (int64_t d = 0; d < hd; ++d) {
+        const float qd = qh[d];
+        const float* row = kt + d * n;
+        for (int64_t l = 0; l < n; ++l) out[l] = std::fma(qd, row[l], out[l]);
+      }
+    }
   }
 }
 
-// acc = sum over keys j < L, in ascending order, of p[j] * v_j for one query head (KV head g).
-// HD > 0 is the head size known at compile time: the accumulator then lives in registers.
-template <int HD, typename T>
+// acc[h] = sum over keys j < L, in ascending order, of p_h[j] * v_j, for the G query heads of KV head g
+// (p_h = p + h * stride). Each value row is loaded (and widened) once for all G heads.
+// HD > 0 and GG > 0 are the head size and heads per KV head known at compile time: the accumulators then
+// live in registers.
+template <int HD, int GG, typename T>
 inline void weighted_values(const T* v_cache, const int64_t* table, const float* p, float* acc, float* scratch,
-                            int64_t L, int64_t KVH, int64_t g, int64_t hd_, int64_t bs) {
+                            int64_t L, int64_t KVH, int64_t g, int64_t G_, int64_t hd_, int64_t bs, int64_t stride) {
   const int64_t hd = HD > 0 ? HD : hd_;
-  float local[HD > 0 ? HD : 1];
-  float* a = HD > 0 ? local : acc;
-  for (int64_t d = 0; d < hd; ++d) a[d] = 0.0f;
-  for (int64_t j0 = 0, b = 0; j0 < L; j0 += bs, ++b) {
-    const T* block = v_cache + (table[b] * bs * KVH + g) * hd;
-    const int64_t n = std::min(bs, L - j0);
-    for (int64_t l = 0; l < n; ++l) {
-      const float* v = widen(block + l * KVH * hd, scratch, hd);
-      const float pj = p[j0 + l];
-      for (int64_t d = 0; d < hd; ++d) a[d] = std::fma(pj, v[d], a[d]);
+  const int64_t G = GG > 0 ? GG : G_;
+#ifdef __AVX512F__
+  if constexpr (HD > 0 && HD % kLanes == 0 && GG > 0) {
+    constexpr int C = HD / kLanes;  // vectors per head
+    __m512 a[GG][C];
+    for (int h = 0; h < GG; ++h)
+      for (int c = 0; c < C; ++c) a[h][c] = _mm512_setzero_ps();
+    for (int64_t j0 = 0, b = 0; j0 < L; j0 += bs, ++b) {
+      const T* block = v_cache + (table[b] * bs * KVH + g) * HD;
+      const int64_t n = std::min(bs, L - j0);
+      for (int64_t l = 0; l < n; ++l) {
+        const float* v = widen(block + l * KVH * HD, scratch, HD);
+        __m512 vv[C];
+        for (int c = 0; c < C; ++c) vv[c] = _mm512_loadu_ps(v + c * kLanes);
+        for (int h = 0; h < GG; ++h) {
+          const __m512 pj = _mm512_set1_ps(p[h * stride + j0 + l]);
+          for (int c = 0; c < C; ++c) a[h][c] = _mm512_fmadd_ps(pj, vv[c], a[h][c]);
+        }
+      }
+    }
+    for (int h = 0; h < GG; ++h)
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + h * HD + c * kLanes, a[h][c]);
+    return;
+  }
+#endif
+  {
+    for (int64_t i = 0; i < G * hd; ++i) acc[i] = 0.0f;
+    for (int64_t j0 = 0, b = 0; j0 < L; j0 += bs, ++b) {
+      const T* block = v_cache + (table[b] * bs * KVH + g) * hd;
+      const int64_t n = std::min(bs, L - j0);
+      for (int64_t l = 0; l < n; ++l) {
+        const float* v = widen(block + l * KVH * hd, scratch, hd);
+        for (int64_t h = 0; h < G; ++h) {
+          const float pj = p[h * stride + j0 + l];
+          float* a = acc + h * hd;
+          for (int64_t d = 0; d < hd; ++d) a[d] = std::fma(pj, v[d], a[d]);
+        }
+      }
     }
   }
-  if (HD > 0)
-    for (int64_t d = 0; d < hd; ++d) acc[d] = a[d];
 }
 
-template <typename T, int BS, int HD>
+template <typename T, int BS, int HD, int GG>
 void attend(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables, const int64_t* seq_ids,
             const int64_t* key_lens, T* out, int64_t T_, int64_t H, int64_t KVH, int64_t hd, int64_t max_blocks,
             int64_t bs, float scale, int64_t max_len) {
@@ -184,9 +240,22 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int64_t* table
         for (int64_t d = 0; d < hd; ++d) qf[h * hd + d] *= scale;
       }
       const int64_t nblk = (L + bs - 1) / bs;
+      for (int64_t next = item == begin ? item : item + 1; next <= item + 1 && next < end; ++next) {
+        // the first keys of the next item (and, at a chunk's start, of this one)
+        const int64_t* ntable = tables + seq_ids[next / KVH] * max_blocks;
+        const int64_t nb = std::min<int64_t>(kPrefetchBlocks, (key_lens[next / KVH] + bs - 1) / bs);
+        for (int64_t b = 0; b < nb; ++b) prefetch(k_cache + (ntable[b] * KVH + next % KVH) * hd * bs, hd * bs);
+      }
       for (int64_t b = 0; b < nblk; ++b) {  // NOTE: lanes past L in the last block are computed, never read
+        // The blocks sit anywhere in a cache far larger than the CPU's caches, and a model step streams all
+        // weights between two calls: ask for the keys PREFETCH_BLOCKS blocks ahead and this block's values
+        // (read after the softmax) now, so that the loads below and in weighted_values find them cached.
+        if (b + kPrefetchBlocks < nblk)
+          prefetch(k_cache + (table[b + kPrefetchBlocks] * KVH + g) * hd * bs, hd * bs);
+        for (int64_t l = 0, n = std::min(bs, L - b * bs); l < n; ++l)
+          prefetch(v_cache + ((table[b] * bs + l) * KVH + g) * hd, hd);
         const float* kt = widen(k_cache + (table[b] * KVH + g) * hd * bs, kscratch.data(), hd * bs);
-        block_scores<BS>(qf.data(), kt, scores.data() + b * bs, G, hd, bs, stride);
+        block_scores<BS, GG>(qf.data(), kt, scores.data() + b * bs, G, hd, bs, stride);
       }
       for (int64_t h = 0; h < G; ++h) {
         float* s = scores.data() + h * stride;
@@ -205,9 +274,7 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int64_t* table
         for (int l = 0; j < L; ++j, ++l) sums[l] += s[j];
         inv_sum[h] = 1.0f / combine(sums);
       }
-      for (int64_t h = 0; h < G; ++h)
-        weighted_values<HD>(v_cache, table, scores.data() + h * stride, acc.data() + h * hd, vrow.data(), L, KVH,
-                            g, hd, bs);
+      weighted_values<HD, GG>(v_cache, table, scores.data(), acc.data(), vrow.data(), L, KVH, g, G, hd, bs, stride);
       for (int64_t h = 0; h < G; ++h) {
         float* a = acc.data() + h * hd;
         for (int64_t d = 0; d < hd; ++d) a[d] *= inv_sum[h];
@@ -223,12 +290,15 @@ void dispatch(const T* q, const T* k, const T* v, const int64_t* tables, const i
               int64_t max_len) {
   // NOTE: the specializations compute exactly what the generic code does (same operations, same order);
   // they only let the compiler keep a block's scores and a head's accumulator in registers.
-  if (bs == 16 && hd == 64)
-    attend<T, 16, 64>(q, k, v, tables, seqs, lens, out, T_, H, KVH, hd, max_blocks, bs, scale, max_len);
+  const int64_t G = H / KVH;
+  if (bs == 16 && hd == 64 && G == 4)
+    attend<T, 16, 64, 4>(q, k, v, tables, seqs, lens, out, T_, H, KVH, hd, max_blocks, bs, scale, max_len);
+  else if (bs == 16 && hd == 64 && G == 1)
+    attend<T, 16, 64, 1>(q, k, v, tables, seqs, lens, out, T_, H, KVH, hd, max_blocks, bs, scale, max_len);
   else if (bs == 16)
-    attend<T, 16, 0>(q, k, v, tables, seqs, lens, out, T_, H, KVH, hd, max_blocks, bs, scale, max_len);
+    attend<T, 16, 0, 0>(q, k, v, tables, seqs, lens, out, T_, H, KVH, hd, max_blocks, bs, scale, max_len);
   else
-    attend<T, 0, 0>(q, k, v, tables, seqs, lens, out, T_, H, KVH, hd, max_blocks, bs, scale, max_len);
+    attend<T, 0, 0, 0>(q, k, v, tables, seqs, lens, out, T_, H, KVH, hd, max_blocks, bs, scale, max_len);
 }
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
