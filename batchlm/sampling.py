@@ -80,11 +80,11 @@ class Sampler:
         """logits (S, vocab) float -> S token ids."""
         greedy = [i for i, p in enumerate(params) if p.is_greedy]
         if len(greedy) == len(params):
-            return logits.argmax(dim=-1).tolist()
+            return _greedy(logits).tolist()
         sampled = [i for i, p in enumerate(params) if not p.is_greedy]
         tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)  # (S,)
         if greedy:
-            tokens[greedy] = logits[greedy].argmax(dim=-1)
+            tokens[greedy] = _greedy(logits[greedy])
         if sampled:
             tokens[sampled] = self._sample_rows(
                 logits[sampled].float(), [params[i] for i in sampled], [generators[i] for i in sampled])
@@ -111,6 +111,15 @@ class Sampler:
         if filtered:
             pick = order.gather(1, pick)
         return pick[:, 0]
+
+
+def _greedy(logits: torch.Tensor) -> torch.Tensor:
+    """(S, vocab) -> (S,) index of each row's largest logit, the first one on ties (as argmax).
+
+    NOTE: max(dim).indices, not argmax: the same indices, ~3x cheaper on CPU (8192 logits: 91 us against
+    264 us for 40 rows, 26 against 62 for 8, 2 threads).
+    """
+    return logits.max(dim=-1).indices
 
 
 def _mask_top_k(sorted_logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:

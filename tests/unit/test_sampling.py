@@ -34,6 +34,17 @@ def test_greedy_is_argmax():
     assert tokens == logits.argmax(dim=-1).tolist()
 
 
+def test_greedy_ties_take_the_first_index():
+    logits = torch.zeros(3, 50)
+    logits[0, [7, 30]] = 2.0  # a tie: the lower index wins, as argmax
+    logits[1, [0, 49]] = 1.0
+    logits[2, 11] = float("inf")
+    params = [SamplingParams()] * 3
+    assert Sampler().sample(logits, params, [None] * 3) == [7, 0, 11]
+    mixed = params[:2] + [SamplingParams(temperature=1.0, seed=1)]
+    assert Sampler().sample(logits, mixed, [make_generator(p.seed) for p in mixed])[:2] == [7, 0]
+
+
 def test_mixed_rows_greedy_rows_stay_argmax():
     logits = _logits()
     params = [SamplingParams(), SamplingParams(temperature=1.0, seed=1)] * 2
