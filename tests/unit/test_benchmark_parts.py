@@ -110,3 +110,17 @@ def test_saturated_figures_fall_back_to_the_whole_run_and_the_targets_table_show
                            {"target": "p50", "measured": 0.4, "whole_run": None, "required": "<= 0.5",
                             "holds": True}])
     assert "| x / y | 2.40 | 2.25 | >= 2.3 | yes |" in table and "| p50 | 0.40 | - | <= 0.5 | yes |" in table
+
+
+def test_grpc_waits_are_lengthened_only_inside_a_run():
+    from grpc import _common
+
+    from client.benchmark import GRPC_WAIT_SECONDS, _quiet_grpc_waits
+
+    before = _common.MAXIMUM_WAIT_TIMEOUT
+    with _quiet_grpc_waits():
+        assert _common.MAXIMUM_WAIT_TIMEOUT == max(before, GRPC_WAIT_SECONDS)
+    assert _common.MAXIMUM_WAIT_TIMEOUT == before
+    with pytest.raises(RuntimeError), _quiet_grpc_waits():
+        raise RuntimeError("a failed run restores it too")
+    assert _common.MAXIMUM_WAIT_TIMEOUT == before
