@@ -37,11 +37,8 @@ GRPC_WAIT_SECONDS = 5.0
 def _quiet_grpc_waits(seconds: float = GRPC_WAIT_SECONDS) -> Iterator[None]:
     """Within the block, gRPC Python's idle wake-up period is `seconds` (restored after; no-op if this
     grpc has no such setting)."""
-    try:
-        from grpc import _common
-    except ImportError:
-        yield
-        return
+    from grpc import _common  # NOTE: private; grpc comes with tritonclient[grpc]
+
     old = getattr(_common, "MAXIMUM_WAIT_TIMEOUT", None)
     if old is None:
         yield
@@ -114,23 +111,23 @@ class Benchmark:
             probe.close()
         timeline = MetricsTimeline(self.config.metrics_url, self.config.model) \
             if self.config.metrics_url else None
-        try:
+        with contextlib.ExitStack() as stack:  # NOTE: unwinds in reverse: waits, timeline, then clients
+            stack.callback(self._close_clients)
             if timeline is not None:
-                timeline.__enter__()
-            with _quiet_grpc_waits():
-                self._t0 = time.perf_counter()
-                if self.config.arrival.mode == CLOSED:
-                    records = self._closed_loop(requests)
-                else:
-                    records = self._open_loop(requests)
-            duration = max((r.sent_at + r.latency for r in records), default=0.0)
-        finally:
-            if timeline is not None:
-                timeline.__exit__(None, None, None)
-            for llm in self._clients:
-                llm.close()
+                stack.enter_context(timeline)
+            stack.enter_context(_quiet_grpc_waits())
+            self._t0 = time.perf_counter()
+            if self.config.arrival.mode == CLOSED:
+                records = self._closed_loop(requests)
+            else:
+                records = self._open_loop(requests)
+        duration = max((r.sent_at + r.latency for r in records), default=0.0)
         samples = timeline.as_dicts() if timeline is not None else []
         return BenchmarkRun(self.config, self._streamed, records, duration, samples)
+
+    def _close_clients(self) -> None:
+        for llm in self._clients:
+            llm.close()
 
     # -- arrival processes ---------------------------------------------------------------------
     def _closed_loop(self, requests: list[WorkloadRequest]) -> list[RequestRecord]:

@@ -289,12 +289,10 @@ void dispatch(const T* q, const T* k, const T* v, const int64_t* tables, const i
               T* out, int64_t T_, int64_t H, int64_t KVH, int64_t hd, int64_t max_blocks, int64_t bs, float scale,
               int64_t max_len) {
   // NOTE: the specializations compute exactly what the generic code does (same operations, same order);
-  // they only let the compiler keep a block's scores and a head's accumulator in registers.
-  const int64_t G = H / KVH;
-  if (bs == 16 && hd == 64 && G == 4)
+  // they only let the compiler keep the scores and value accumulators of a KV head's G query heads in
+  // registers (G = 4: the default model's 8 query heads over 2 KV heads).
+  if (bs == 16 && hd == 64 && H == 4 * KVH)
     attend<T, 16, 64, 4>(q, k, v, tables, seqs, lens, out, T_, H, KVH, hd, max_blocks, bs, scale, max_len);
-  else if (bs == 16 && hd == 64 && G == 1)
-    attend<T, 16, 64, 1>(q, k, v, tables, seqs, lens, out, T_, H, KVH, hd, max_blocks, bs, scale, max_len);
   else if (bs == 16)
     attend<T, 16, 0, 0>(q, k, v, tables, seqs, lens, out, T_, H, KVH, hd, max_blocks, bs, scale, max_len);
   else
