@@ -45,9 +45,11 @@ class StaticBatchingService:
         self._worker = OwnerThread("batchlm-static", build_generator, self._run)
         self._generator: BatchGenerator = self._worker.value
         self._stop_watch = threading.Event()
+        self._watcher: threading.Thread | None = None
         if is_ready is not None:
-            threading.Thread(target=self._watch, args=(is_ready, watch_interval),
-                             name="batchlm-static-watch", daemon=True).start()
+            self._watcher = threading.Thread(target=self._watch, args=(is_ready, watch_interval),
+                                             name="batchlm-static-watch", daemon=True)
+            self._watcher.start()
 
     def submit(self, raw_request) -> None:
         """Park one request, and release a batch when `batch_size` are parked."""
@@ -76,11 +78,18 @@ class StaticBatchingService:
         self._metrics.record_queue(waiting, self._running, *self._generator.kv_usage())
 
     def close(self, timeout: float = 60.0) -> None:
-        """Refuse new requests, fail parked ones, let a running batch finish, stop the threads."""
+        """Refuse new requests, fail parked ones, let a running batch finish, stop the threads.
+
+        Returns only once the watchdog has stopped too: its checks are calls to the server, and one
+        still in flight when `finalize` returns makes tritonserver abort (boost lock_exception) as the
+        stub is torn down."""
+        deadline = time.monotonic() + timeout
         self._stop_watch.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout)
         self._fail_parked()
         self._batches.put(_STOP)
-        self._worker.join(timeout)
+        self._worker.join(max(0.0, deadline - time.monotonic()))
 
     def _fail_parked(self) -> None:
         with self._lock:
@@ -109,11 +118,20 @@ class StaticBatchingService:
             triton_io.send_final_quietly(sender, None)
 
     def _watch(self, is_ready: Callable[[], bool], interval: float) -> None:
-        """Every `interval`: close parked requests whose clients cancelled, and fail the others once
-        Triton stops reporting this model ready. The model is not ready while it loads either, so only a
-        drop after it has been seen ready counts."""
+        """Every `interval` while requests are parked: close those whose clients cancelled, and fail the
+        others once Triton stops reporting this model ready. The model is not ready while it loads
+        either, so only a drop after it has been seen ready counts.
+
+        With nothing parked it asks nothing. Triton finalizes the instance only after every sender is
+        closed, so a check can overlap finalize only while nothing is parked; one that did made
+        tritonserver abort at shutdown (boost lock_exception in TRITONBACKEND_ModelInstanceFinalize,
+        every time the server was stopped within 0.5 s of loading this model)."""
         seen_ready = False
         while not self._stop_watch.wait(interval):
+            with self._lock:
+                idle = not self._parked
+            if idle:  # nothing to close or fail; and no call to the server that could overlap finalize
+                continue
             self._drop_cancelled()
             try:
                 ready = is_ready()

@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from batchlm.triton_server import TritonServer, free_port
 from client.triton_llm import LLMClient, RequestFailed
 
 BATCH = 8
@@ -60,3 +61,18 @@ def test_unload_fails_parked_requests_with_unavailable(server):
     finally:
         r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/load", timeout=300)
         assert r.status_code == 200
+
+
+def test_sigterm_right_after_load_exits_cleanly(tmp_path):
+    """The watchdog's readiness checks are calls to the server. One that overlapped the instance's
+    finalize made tritonserver abort (SIGABRT, boost lock_exception) whenever the server was stopped
+    within 0.5 s of loading static_batching; it now asks nothing while no request is parked."""
+    log = tmp_path / "server.log"
+    srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+                       extra_args=("--model-control-mode=explicit", "--load-model=static_batching"))
+    srv.start(timeout=300)
+    process = srv.process
+    srv.stop()
+    text = log.read_text()
+    assert process.returncode == 0 and "lock_exception" not in text, text[-3000:]
+    assert "successfully unloaded 'static_batching'" in text
