@@ -193,13 +193,14 @@ class ContinuousBatchingService:
         if active.request.stream:
             if out.text or out.finished:
                 response = triton_io.output_response(out, out.text, batched=False)
-                if out.finished:
-                    triton_io.send_final(active.sender, response)
+                if out.finished:  # quietly: a client gone at its last token must not fail the batch
+                    triton_io.send_final_quietly(active.sender, response)
                 elif not triton_io.send_quietly(active.sender, response):
                     active.cancelled = True
                     self._engine.abort_request(out.request_id)
             return
         active.text.append(out.text)
         if out.finished:
-            triton_io.send_final(active.sender, triton_io.output_response(out, "".join(active.text), False))
+            triton_io.send_final_quietly(active.sender,
+                                         triton_io.output_response(out, "".join(active.text), False))
 
