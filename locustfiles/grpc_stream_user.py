@@ -44,8 +44,14 @@ class TritonGrpcStreamUser(User):
     def on_start(self) -> None:
         url = self.host.split("://", 1)[-1]  # tritonclient takes host:port, no scheme
         self.triton = grpcclient.InferenceServerClient(url)
-        config = self.triton.get_model_config(self.options.model, as_json=True,
-                                              client_timeout=self.options.request_timeout)["config"]
+        try:
+            config = self.triton.get_model_config(self.options.model, as_json=True,
+                                                  client_timeout=self.options.request_timeout)["config"]
+        except BaseException:
+            # NOTE: Locust does not call on_stop for a user whose on_start failed, and an open channel
+            # keeps the process from exiting after the run (server unreachable, unknown model).
+            self.on_stop()
+            raise
         self.batched = int(config.get("max_batch_size", 0)) > 0  # inputs then carry a batch dimension
 
     def on_stop(self) -> None:

@@ -90,6 +90,16 @@ def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, 
             float(rows[f"E2E {protocol} {model}"]["Average Response Time"])
 
 
+def test_grpc_user_exits_when_the_server_is_unreachable(tmp_path):
+    """A user whose on_start fails (nothing listens on the port) must not keep Locust from exiting:
+    before the fix its open gRPC channel hung the process after the run, past any run-time limit."""
+    rc = _run(["-f", GRPC_USER, "--headless", "--host", f"127.0.0.1:{free_port()}", "--model",
+               "continuous_batching", "-u", "1", "-r", "1", "-t", "2s", *SHORT_OUTPUTS],
+              tmp_path / "locust.log", timeout=30)
+    log = (tmp_path / "locust.log").read_text()
+    assert rc == 1 and "UNAVAILABLE" in log, log[-3000:]
+
+
 def overload_repository(path: Path) -> Path:
     """A copy of the model repository that overloads at a few users: static and continuous admit 8
     and 4 waiting requests, dynamic batching queues 4. model_dir is made absolute."""
