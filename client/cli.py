@@ -15,6 +15,9 @@ import json
 import sys
 import time
 
+import requests
+from tritonclient.utils import InferenceServerException
+
 from client.triton_llm import LLMClient, RequestFailed, Result, collect
 
 
@@ -97,5 +100,23 @@ def main(argv: list[str] | None = None) -> int:
     except RequestFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except (requests.ConnectionError, InferenceServerException) as exc:
+        if isinstance(exc, InferenceServerException) and exc.status() != "StatusCode.UNAVAILABLE":
+            raise
+        print(f"error: cannot reach the server (HTTP {args.http}, gRPC {args.grpc}): {_reason(exc)}",
+              file=sys.stderr)
+        return 2
     finally:
         llm.close()
+
+
+def _reason(exc: Exception) -> str:
+    """The innermost cause of a connection failure, in one line."""
+    if isinstance(exc, InferenceServerException):
+        return exc.message() or str(exc)
+    for _ in range(8):  # requests wraps urllib3's error, which wraps the socket's
+        inner = exc.__cause__ or (exc.args[0] if exc.args and isinstance(exc.args[0], Exception) else None)
+        if inner is None:
+            break
+        exc = inner
+    return str(exc).splitlines()[0]

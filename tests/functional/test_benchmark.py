@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from batchlm.triton_server import PROJECT_ROOT, process_tree
+from batchlm.triton_server import PROJECT_ROOT, free_port, process_tree
 
 from client import plots
 from client.arrivals import ArrivalSpec
@@ -79,6 +79,17 @@ def test_cli_streams_and_reports_counts(server, capsys):
     assert code == 0 and "output_tokens=6" in out and "ttft=" in out
     code = cli_main(["--http", server.http_url, "--grpc", server.grpc_url, "info", "dynamic_batching"])
     assert code == 0 and '"max_batch_size": 8' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["generate", "continuous_batching", "hi", "--protocol", "grpc"],
+                                     ["generate", "dynamic_batching", "hi", "--protocol", "http"],
+                                     ["info", "static_batching"]])
+def test_cli_without_a_server_says_so_in_one_line(capsys, command):
+    url = f"127.0.0.1:{free_port()}"  # nothing listens there
+    code = cli_main(["--http", url, "--grpc", url, *command])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: cannot reach the server") and "refused" in err, err
+    assert len(err.strip().splitlines()) == 1
 
 
 def _process_tree(root: int) -> dict[int, str]:
