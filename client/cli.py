@@ -15,10 +15,7 @@ import json
 import sys
 import time
 
-import requests
-from tritonclient.utils import InferenceServerException
-
-from client.triton_llm import LLMClient, RequestFailed, Result, collect
+from client.triton_llm import LLMClient, RequestFailed, Result, collect, unreachable
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,23 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     except RequestFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except (requests.ConnectionError, InferenceServerException) as exc:
-        if isinstance(exc, InferenceServerException) and exc.status() != "StatusCode.UNAVAILABLE":
+    except Exception as exc:
+        reason = unreachable(exc)
+        if reason is None:
             raise
-        print(f"error: cannot reach the server (HTTP {args.http}, gRPC {args.grpc}): {_reason(exc)}",
-              file=sys.stderr)
+        print(f"error: cannot reach the server (HTTP {args.http}, gRPC {args.grpc}): {reason}", file=sys.stderr)
         return 2
     finally:
         llm.close()
 
-
-def _reason(exc: Exception) -> str:
-    """The innermost cause of a connection failure, in one line."""
-    if isinstance(exc, InferenceServerException):
-        return exc.message() or str(exc)
-    for _ in range(8):  # requests wraps urllib3's error, which wraps the socket's
-        inner = exc.__cause__ or (exc.args[0] if exc.args and isinstance(exc.args[0], Exception) else None)
-        if inner is None:
-            break
-        exc = inner
-    return str(exc).splitlines()[0]

@@ -38,6 +38,21 @@ FIELDS: dict[str, tuple[str, type]] = {
 }
 
 
+def unreachable(exc: BaseException) -> str | None:
+    """If `exc` says no server answered (connection refused, unknown host, gRPC UNAVAILABLE), the
+    innermost cause in one line; None for any other error."""
+    if isinstance(exc, InferenceServerException):
+        return (exc.message() or str(exc)) if exc.status() == "StatusCode.UNAVAILABLE" else None
+    if not isinstance(exc, requests.ConnectionError):
+        return None
+    for _ in range(8):  # requests wraps urllib3's error, which wraps the socket's
+        inner = exc.__cause__ or (exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None)
+        if inner is None:
+            break
+        exc = inner
+    return str(exc).splitlines()[0]
+
+
 class RequestFailed(RuntimeError):
     """The server answered with an error; `status` is the HTTP status or gRPC status name."""
 

@@ -21,6 +21,7 @@ from batchlm.triton_server import (DEFAULT_REPOSITORY, TritonServer,  # noqa: E4
 from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import BenchmarkConfig  # noqa: E402
 from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
+from client.triton_llm import unreachable  # noqa: E402
 from client.request_record import SLO  # noqa: E402
 from client.workload import WorkloadSpec, build_requests  # noqa: E402
 
@@ -69,6 +70,12 @@ def main() -> None:
         print(f"{args.model}: {arrival.label}, {spec.num_requests} requests; step-count bound of "
               f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
         doc = measure(config, build_requests(spec), spec.as_dict())
+    except Exception as exc:
+        reason = unreachable(exc)
+        if reason is None:
+            raise
+        print(f"error: cannot reach the server (HTTP {args.http}, gRPC {args.grpc}): {reason}", file=sys.stderr)
+        sys.exit(2)
     finally:
         if server is not None:
             server.stop()

@@ -92,6 +92,15 @@ def test_cli_without_a_server_says_so_in_one_line(capsys, command):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_benchmark_without_a_server_says_so_in_one_line(tmp_path):
+    url = f"127.0.0.1:{free_port()}"
+    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "dynamic_batching", "--concurrency", "2",
+                           "--num-requests", "2", "--http", url, "--grpc", url, "--metrics", f"http://{url}/metrics",
+                           "--out", str(tmp_path)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: cannot reach the server"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 def _process_tree(root: int) -> dict[int, str]:
     """pid -> command line of every live descendant of `root`."""
     tree = {}
