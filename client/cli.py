@@ -105,4 +105,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         llm.close()
-

@@ -21,8 +21,8 @@ from batchlm.triton_server import (DEFAULT_REPOSITORY, TritonServer,  # noqa: E4
 from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import BenchmarkConfig  # noqa: E402
 from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
-from client.triton_llm import unreachable  # noqa: E402
 from client.request_record import SLO  # noqa: E402
+from client.triton_llm import unreachable  # noqa: E402
 from client.workload import WorkloadSpec, build_requests  # noqa: E402
 
 
