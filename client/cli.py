@@ -98,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        reason = unreachable(exc)
-        if reason is None:
+        message = unreachable(exc, args.http, args.grpc)
+        if message is None:
             raise
-        print(f"error: cannot reach the server (HTTP {args.http}, gRPC {args.grpc}): {reason}", file=sys.stderr)
+        print(message, file=sys.stderr)
         return 2
     finally:
         llm.close()

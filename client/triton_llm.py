@@ -38,19 +38,23 @@ FIELDS: dict[str, tuple[str, type]] = {
 }
 
 
-def unreachable(exc: BaseException) -> str | None:
-    """If `exc` says no server answered (connection refused, unknown host, gRPC UNAVAILABLE), the
-    innermost cause in one line; None for any other error."""
+def unreachable(exc: BaseException, http: str, grpc: str) -> str | None:
+    """If `exc` says no server answered at these addresses (connection refused, unknown host, gRPC
+    UNAVAILABLE), the one-line error to print, with the innermost cause; None for any other error."""
     if isinstance(exc, InferenceServerException):
-        return (exc.message() or str(exc)) if exc.status() == "StatusCode.UNAVAILABLE" else None
-    if not isinstance(exc, requests.ConnectionError):
+        if exc.status() != "StatusCode.UNAVAILABLE":
+            return None
+        reason = exc.message() or str(exc)
+    elif isinstance(exc, requests.ConnectionError):
+        for _ in range(8):  # requests wraps urllib3's error, which wraps the socket's
+            inner = exc.__cause__ or (exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None)
+            if inner is None:
+                break
+            exc = inner
+        reason = str(exc).splitlines()[0]
+    else:
         return None
-    for _ in range(8):  # requests wraps urllib3's error, which wraps the socket's
-        inner = exc.__cause__ or (exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None)
-        if inner is None:
-            break
-        exc = inner
-    return str(exc).splitlines()[0]
+    return f"error: cannot reach the server (HTTP {http}, gRPC {grpc}): {reason}"
 
 
 class RequestFailed(RuntimeError):

@@ -71,10 +71,10 @@ def main() -> None:
               f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
         doc = measure(config, build_requests(spec), spec.as_dict())
     except Exception as exc:
-        reason = unreachable(exc)
-        if reason is None:
+        message = unreachable(exc, args.http, args.grpc)
+        if message is None:
             raise
-        print(f"error: cannot reach the server (HTTP {args.http}, gRPC {args.grpc}): {reason}", file=sys.stderr)
+        print(message, file=sys.stderr)
         sys.exit(2)
     finally:
         if server is not None:
