@@ -4,6 +4,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 
 from client.triton_llm import LLMClient, grpc_inputs, request_fields
@@ -110,3 +111,48 @@ def test_metrics_published(server, llm):
     assert metric_value(server, "batchlm_generated_tokens_total", MODEL) >= 8
     assert metric_value(server, "batchlm_time_to_first_token_seconds_count", MODEL) >= 1
 
+
+
+def test_unload_drains_streams_in_flight(server):
+    """Triton unloads a decoupled model once its requests are done: every stream in flight gets all of
+    its tokens, in order, then the model unloads (and loads again)."""
+    events: dict[int, list] = {i: [] for i in range(3)}
+    clients = []
+    for i in range(3):
+        c = grpcclient.InferenceServerClient(server.grpc_url)
+        c.start_stream(callback=lambda result, error, i=i: events[i].append((result, error)))
+        c.async_stream_infer(MODEL, grpc_inputs(request_fields(f"Unload me {i}", 300, ignore_eos=True,
+                                                                stream=True)))
+        clients.append(c)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and min(len(e) for e in events.values()) < 5:
+            time.sleep(0.05)
+        assert min(len(e) for e in events.values()) >= 5, "the streams did not start"
+        r = requests.post(f"http://{server.http_url}/v2/repository/models/{MODEL}/unload", timeout=120)
+        assert r.status_code == 200
+        assert requests.get(f"http://{server.http_url}/v2/models/{MODEL}/ready", timeout=10).status_code != 200
+        deadline = time.monotonic() + 60
+
+        def ended(stream):
+            return stream[-1][1] is not None or stream[-1][0].as_numpy("finish_reason")[0] != b""
+
+        while time.monotonic() < deadline and not all(ended(e) for e in events.values()):
+            time.sleep(0.1)
+        time.sleep(0.5)  # nothing may follow the end
+        for i, stream in events.items():
+            assert all(error is None for _, error in stream), (i, [e for _, e in stream if e][:1])
+            counts = [int(result.as_numpy("num_output_tokens")[0]) for result, _ in stream]
+            assert counts == sorted(counts) and counts[-1] == 300, (i, counts[-3:])
+            assert stream[-1][0].as_numpy("finish_reason")[0] == b"length", i
+    finally:
+        for c in clients:
+            c.stop_stream()
+            c.close()
+        r = requests.post(f"http://{server.http_url}/v2/repository/models/{MODEL}/load", timeout=300)
+        assert r.status_code == 200
+    client = _client(server)
+    try:
+        assert client.generate(MODEL, "Back again?", 4, ignore_eos=True).num_output_tokens == 4
+    finally:
+        client.close()
