@@ -112,7 +112,6 @@ def test_metrics_published(server, llm):
     assert metric_value(server, "batchlm_time_to_first_token_seconds_count", MODEL) >= 1
 
 
-
 def test_unload_drains_streams_in_flight(server):
     """Triton unloads a decoupled model once its requests are done: every stream in flight gets all of
     its tokens, in order, then the model unloads (and loads again)."""
