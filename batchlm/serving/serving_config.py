@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from batchlm.engine_config import EngineConfig
 from batchlm.errors import InvalidArgument
 
-SERVING_KEYS = ("model_dir", "batch_size", "max_waiting", "cancellation_check_period_ms")
+SERVING_KEYS = ("model_dir", "batch_size", "max_waiting", "cancellation_check_period_ms", "stream_interval")
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,9 @@ class ServingConfig:
     # server per request, made by a CancellationWatcher thread); the TensorRT-LLM backend's parameter and
     # default
     cancellation_check_period_ms: int = 100
+    # continuous batching, streamed requests: send text once this many new tokens are buffered (the
+    # first text and the final response always go at once); 1 = a response per token
+    stream_interval: int = 1
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "ServingConfig":
@@ -30,6 +33,7 @@ class ServingConfig:
             batch_size=_positive_int(params, "batch_size", 8),
             max_waiting=_positive_int(params, "max_waiting", 64),
             cancellation_check_period_ms=_positive_int(params, "cancellation_check_period_ms", 100),
+            stream_interval=_positive_int(params, "stream_interval", 1),
             engine=EngineConfig.from_parameters(rest, strict=True),
         )
 

@@ -1,5 +1,6 @@
 """continuous_batching: per-step scheduling, streaming, cancellation frees KV within a check period."""
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -60,6 +61,41 @@ def test_http_generate_stream(llm):
     chunks = list(llm.generate_stream(MODEL, "Hello there", max_tokens=12, ignore_eos=True, stream=True))
     assert len(chunks) > 1 and chunks[-1].num_output_tokens == 12
     assert "".join(c.text for c in chunks) == llm.generate(MODEL, "Hello there", 12, ignore_eos=True).text
+
+
+def test_stream_interval_coalesces_tokens(server):
+    """`stream_interval` 4: the first text comes as soon as it exists, then each response carries at
+    least 4 new tokens, and the joined text is the same as one response per token."""
+    def stream(prompt):
+        client = _client(server)
+        try:
+            return list(client.stream_grpc(MODEL, prompt, max_tokens=41, ignore_eos=True, stream=True))
+        finally:
+            client.close()
+
+    base = stream("Once upon a time")
+    url = f"http://{server.http_url}/v2/repository/models/{MODEL}/load"
+    config = requests.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
+    config["parameters"]["stream_interval"] = {"string_value": "4"}
+    r = requests.post(url, json={"parameters": {"config": json.dumps(config)}}, timeout=300)
+    assert r.status_code == 200, r.text
+    try:
+        coalesced = stream("Once upon a time")
+    finally:  # back to the repository's config.pbtxt: a load alone would keep the override
+        r = requests.post(url.replace("/load", "/unload"), timeout=120)
+        assert r.status_code == 200, r.text
+        r = requests.post(url, timeout=300)
+        assert r.status_code == 200, r.text
+    counts = [c.num_output_tokens for c in coalesced]
+    assert counts[0] == base[0].num_output_tokens, "the first text waited for the interval"
+    gaps = [b - a for a, b in zip(counts, counts[1:])]
+    assert all(g >= 4 for g in gaps[:-1]) and counts[-1] == 41, counts
+    assert 1 + 40 // 4 >= len(coalesced) - 1 >= 40 // 8, counts
+    assert len(base) > len(coalesced)
+    assert "".join(c.text for c in coalesced) == "".join(c.text for c in base)
+    assert coalesced[-1].finish_reason == "length"
+    restored = requests.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
+    assert restored["parameters"]["stream_interval"]["string_value"] == "1"
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole-answer"])

@@ -73,3 +73,11 @@ def test_cancellation_check_period_is_parsed_and_checked():
         ServingConfig.from_parameters({"cancellation_check_period_ms": "0"})
     with pytest.raises(ValueError, match="attention"):
         ServingConfig.from_parameters({"attention": "flash"})
+
+
+def test_stream_interval_is_parsed_and_checked():
+    assert ServingConfig.from_parameters({}).stream_interval == 1  # a response per token
+    assert ServingConfig.from_parameters({"stream_interval": "4"}).stream_interval == 4
+    for bad in ("0", "four"):
+        with pytest.raises(ValueError, match="stream_interval"):
+            ServingConfig.from_parameters({"stream_interval": bad})

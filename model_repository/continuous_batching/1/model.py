@@ -11,7 +11,8 @@ class TritonPythonModel:
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=True)
         self.service = ContinuousBatchingService(lambda: LLMEngine(model_dir, config.engine),
                                                  ModelMetrics(name), config.max_waiting,
-                                                 config.cancellation_check_period_ms / 1000)
+                                                 config.cancellation_check_period_ms / 1000,
+                                                 config.stream_interval)
 
     def execute(self, requests):
         for request in requests:
