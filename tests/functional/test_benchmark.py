@@ -149,3 +149,22 @@ def test_sigterm_to_a_benchmark_that_started_its_server_leaves_no_process(tmp_pa
         for pid in {**tree, **_process_tree(proc.pid)}:  # orphans too: their parent is no longer proc
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_stream_interval_sweep_writes_its_table(tmp_path):
+    """scripts/stream_interval.py: one server per run, a row per interval and the unstreamed reference,
+    and fewer responses per request at a larger interval."""
+    proc = subprocess.run([sys.executable, "scripts/stream_interval.py", "--intervals", "1", "3", "--rounds", "1",
+                           "--num-requests", "8", "--concurrency", "4", "--out", str(tmp_path)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {}
+    for line in (tmp_path / "stream_interval.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] in ("1", "3", "not streamed"):
+            rows[cells[0]] = cells
+    assert set(rows) == {"1", "3", "not streamed"}
+    responses = {k: float(v[5]) for k, v in rows.items()}
+    assert responses["not streamed"] == 1.0 and 1.0 < responses["3"] < responses["1"], responses
+    assert all(v[6] == "0" for v in rows.values()), rows  # no failures
+    assert len(list((tmp_path / "runs").glob("*/continuous_batching-*.json"))) == 3
