@@ -60,7 +60,8 @@ def figures(doc: dict) -> dict:
         "tok_s": (s.get("saturated") or s)["output_token_throughput"],
         "ttft_p50": s["ttft"]["p50"],
         "itl_p50": s["itl"]["p50"], "itl_p99": s["itl"]["p99"],
-        "responses": statistics.mean(len(r["chunk_times"]) for r in ok) if doc["streamed"] else 1.0,
+        "responses": (statistics.mean(len(r["chunk_times"]) for r in ok) if ok else None)
+                     if doc["streamed"] else 1.0,
         "failures": sum(s["failures"].values()) if s["failures"] else 0,
     }
 
@@ -70,6 +71,10 @@ def median_of(runs: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def table(results: dict[str, list[dict]]) -> str:
     reference = median_of(results["not streamed"], "tok_s")
     lines = ["| stream_interval | output tok/s while saturated (each round) | / not streamed | TTFT p50 s "
@@ -77,13 +82,10 @@ def table(results: dict[str, list[dict]]) -> str:
              "|---|---|---|---|---|---|---|"]
     for name, runs in results.items():
         tok = median_of(runs, "tok_s")
-
-        def fmt(value, digits=3):
-            return "-" if value is None else f"{value:.{digits}f}"
         each = " / ".join(f"{r['tok_s']:.1f}" for r in runs)
-        lines.append(f"| {name} | {tok:.1f} ({each}) | {tok / reference:.2f} | {fmt(median_of(runs, 'ttft_p50'))} "
-                     f"| {fmt(median_of(runs, 'itl_p50'))} / {fmt(median_of(runs, 'itl_p99'))} "
-                     f"| {median_of(runs, 'responses'):.1f} | {sum(r['failures'] for r in runs)} |")
+        lines.append(f"| {name} | {tok:.1f} ({each}) | {tok / reference:.2f} | {_fmt(median_of(runs, 'ttft_p50'))} "
+                     f"| {_fmt(median_of(runs, 'itl_p50'))} / {_fmt(median_of(runs, 'itl_p99'))} "
+                     f"| {_fmt(median_of(runs, 'responses'), 1)} | {sum(r['failures'] for r in runs)} |")
     return "\n".join(lines)
 
 
