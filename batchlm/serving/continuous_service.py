@@ -33,8 +33,8 @@ class _Active:
     sender: object
     arrival: float
     text: list[str] = field(default_factory=list)  # text not sent yet (all of it when not streaming)
-    unsent_tokens: int = 0  # streamed: tokens generated since the last response
-    streamed_text: bool = False  # streamed: a response with text was sent
+    unsent_tokens: int = 0  # tokens generated since the last response
+    sent_text: bool = False  # a response with text was sent
     first_token_seen: bool = False
     cancelled: bool = False  # the client cancelled, as last checked
 
@@ -196,26 +196,21 @@ class ContinuousBatchingService:
             if out.finished:
                 triton_io.send_final_quietly(active.sender, None)
             return
-        if active.request.stream:
-            active.text.append(out.text)
-            active.unsent_tokens += len(out.token_ids)
-            has_text = any(active.text)
-            due = out.finished or (has_text and (not active.streamed_text
-                                                 or active.unsent_tokens >= self._stream_interval))
-            if not due:
-                return
-            response = triton_io.output_response(out, "".join(active.text), batched=False)
-            active.text.clear()
-            active.unsent_tokens = 0
-            active.streamed_text = active.streamed_text or has_text
-            if out.finished:  # quietly: a client gone at its last token must not fail the batch
-                triton_io.send_final_quietly(active.sender, response)
-            elif not triton_io.send_quietly(active.sender, response):
-                active.cancelled = True
-                self._engine.abort_request(out.request_id)
-            return
         active.text.append(out.text)
-        if out.finished:
-            triton_io.send_final_quietly(active.sender,
-                                         triton_io.output_response(out, "".join(active.text), False))
+        active.unsent_tokens += len(out.token_ids)
+        # streamed: the first text at once, then every `stream_interval` tokens; otherwise one answer
+        due = out.finished or (active.request.stream and any(active.text) and (
+            not active.sent_text or active.unsent_tokens >= self._stream_interval))
+        if not due:
+            return
+        text = "".join(active.text)
+        active.text.clear()
+        active.unsent_tokens = 0
+        active.sent_text = active.sent_text or bool(text)
+        response = triton_io.output_response(out, text, batched=False)
+        if out.finished:  # quietly: a client gone at its last token must not fail the batch
+            triton_io.send_final_quietly(active.sender, response)
+        elif not triton_io.send_quietly(active.sender, response):
+            active.cancelled = True
+            self._engine.abort_request(out.request_id)
 
