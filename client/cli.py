@@ -4,8 +4,9 @@
     python -m client generate dynamic_batching "Hello" --max-tokens 16 --protocol http
     python -m client info static_batching
 
-Decoupled models are read as a gRPC stream and the text is printed as it arrives (models that refuse
-`stream: true`, like static_batching, are asked again for one answer); others answer once.
+Decoupled models are read as a stream, a gRPC one or, with `--protocol http`, server-sent events from
+`/generate_stream`, and the text is printed as it arrives (models that refuse `stream: true`, like
+static_batching, are asked again for one answer); others answer once.
 """
 
 from __future__ import annotations
@@ -49,18 +50,18 @@ def options(args: argparse.Namespace) -> dict:
 def generate(llm: LLMClient, args: argparse.Namespace) -> tuple[Result, bool]:
     """The result, and whether its text was already printed while streaming."""
     opts = options(args)
-    if args.protocol == "http":
-        return llm.generate(args.model, args.prompt, args.max_tokens, **opts), False
+    http = args.protocol == "http"
+    whole = llm.generate if http else llm.infer_grpc
     if args.no_stream or not llm.is_decoupled(args.model):
-        return llm.infer_grpc(args.model, args.prompt, args.max_tokens, **opts), False
+        return whole(args.model, args.prompt, args.max_tokens, **opts), False
     start = time.perf_counter()
     try:
-        chunks = llm.stream_grpc(args.model, args.prompt, args.max_tokens, stream=True, **opts)
-        return collect(_echo(chunks), start), True
+        stream = llm.generate_stream if http else llm.stream_grpc
+        return collect(_echo(stream(args.model, args.prompt, args.max_tokens, stream=True, **opts)), start), True
     except RequestFailed as exc:
         if "stream" not in exc.message:  # NOTE: e.g. static_batching: decoupled, but cannot stream
             raise
-        return llm.infer_grpc(args.model, args.prompt, args.max_tokens, **opts), False
+        return whole(args.model, args.prompt, args.max_tokens, **opts), False
 
 
 def _echo(chunks):

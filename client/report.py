@@ -59,6 +59,7 @@ def run_document(run: BenchmarkRun, workload: dict, env: dict, model_cfg: dict) 
         "arrival": run.config.arrival.as_dict(),
         "label": f"{run.config.model} {run.config.arrival.label}",
         "streamed": run.streamed,
+        "protocol": run.config.protocol,
         "workload": workload,
         "summary": run.summary,
         "environment": env,

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from batchlm.triton_server import (DEFAULT_REPOSITORY, TritonServer,  # noqa: E402
                                   exit_cleanly_on_sigterm, free_port)
 from client.arrivals import ArrivalSpec  # noqa: E402
-from client.benchmark import BenchmarkConfig  # noqa: E402
+from client.benchmark import PROTOCOLS, BenchmarkConfig  # noqa: E402
 from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
 from client.request_record import SLO  # noqa: E402
 from client.triton_llm import unreachable  # noqa: E402
@@ -46,6 +46,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("results/benchmark"))
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                    help="stream the answer (default: when the model can)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="http",
+                   help="http: /generate and /generate_stream (SSE); grpc: infer and streams (default: http)")
     return p.parse_args()
 
 
@@ -66,7 +68,8 @@ def main() -> None:
         args.http, args.grpc, args.metrics = server.http_url, server.grpc_url, server.metrics_url
     try:
         config = BenchmarkConfig(args.model, args.http, args.grpc, args.metrics, arrival,
-                                 slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot), stream=args.stream)
+                                 slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot), stream=args.stream,
+                                 protocol=args.protocol)
         print(f"{args.model}: {arrival.label}, {spec.num_requests} requests; step-count bound of "
               f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
         doc = measure(config, build_requests(spec), spec.as_dict())

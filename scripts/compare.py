@@ -46,7 +46,7 @@ from batchlm.triton_server import (DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServe
                                   exit_cleanly_on_sigterm, free_port)
 from client import comparison, plots  # noqa: E402
 from client.arrivals import ArrivalSpec  # noqa: E402
-from client.benchmark import Benchmark, BenchmarkConfig  # noqa: E402
+from client.benchmark import PROTOCOLS, Benchmark, BenchmarkConfig  # noqa: E402
 from client.engine_baseline import engine_throughput  # noqa: E402
 from client.report import markdown_table, measure, summary_row, write_run  # noqa: E402
 from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noqa: E402
@@ -72,6 +72,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--same-kv-seqs", type=int, default=64)
     p.add_argument("--same-kv-requests", type=int,
                    help="saturation requests of the same-KV run (default: as many per slot as the others)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="http",
+                   help="the benchmark client's transport (client.benchmark; default: http)")
     p.add_argument("--lock-file", type=Path, help="hold this flock while a server or a measurement runs")
     p.add_argument("--publish", type=Path, help="also copy comparison.md and plots/ here")
     p.add_argument("--report-only", action="store_true",
@@ -123,7 +125,8 @@ class Comparison:
 
     def _config(self, server, model, arrival, metrics=True, stream: bool | None = None) -> BenchmarkConfig:
         return BenchmarkConfig(model, server.http_url, server.grpc_url,
-                               server.metrics_url if metrics else None, arrival, stream=stream)
+                               server.metrics_url if metrics else None, arrival, stream=stream,
+                               protocol=self.args.protocol)
 
     def _measure(self, role: str, server, model: str, arrival: ArrivalSpec, requests,
                  stream: bool | None = None) -> dict:
@@ -240,6 +243,13 @@ class Comparison:
             self.docs[doc["role"]] = doc
         self.report(json.loads((self.out / "comparison.json").read_text())["engine"])
 
+    def _protocols(self) -> str:
+        """The transports the runs used (runs measured before the option existed used gRPC)."""
+        names = {"http": "HTTP (/generate, and /generate_stream server-sent events when streamed)",
+                 "grpc": "gRPC (infer, and a stream for decoupled models)"}
+        used = sorted({d.get("protocol", "grpc") for d in self.docs.values()})
+        return "; ".join(names[u] for u in used)
+
     def report(self, engine: dict) -> None:
         bound = self.spec.static_speedup_bound(8)
         targets = comparison.targets(self.docs, REFERENCE, bound, engine)
@@ -251,7 +261,8 @@ class Comparison:
                 f"at 0.5x dynamic batching's saturation rate). Step-count bound at 8 sequences: {bound:.2f}x. "
                 "Throughput at saturation is measured while requests were waiting (the server's generated-"
                 "token counter, up to the last timeline sample with a request waiting); the whole closed-"
-                "loop run, drain included, is given beside it.\n\n"
+                "loop run, drain included, is given beside it. Client transport: "
+                f"{self._protocols()}.\n\n"
                 "## The seed's table, measured\n\n" + comparison.seed_table(self.docs, REFERENCE) +
                 "\n## Targets\n\n" + comparison.targets_table(targets) +
                 f"\nEngine in process (no Triton, same EngineConfig, same {len(self.requests)} requests "

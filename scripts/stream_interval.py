@@ -1,7 +1,7 @@
 """What streaming granularity costs: continuous batching streamed at several `stream_interval`s.
 
     python scripts/stream_interval.py [--intervals 1 2 4 8] [--rounds 2] [--concurrency 32]
-                                      [--num-requests 128] [--out results/stream_interval]
+                                      [--num-requests 128] [--protocol http|grpc] [--out results/stream_interval]
 
 For each round, and in each round for each interval in turn (so a slow phase of the machine falls on
 every interval alike), a copy of `continuous_batching` with that `stream_interval` is served by its own
@@ -34,6 +34,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--num-requests", type=int, default=128)
+    p.add_argument("--protocol", choices=("http", "grpc"), default="http",
+                   help="the benchmark client's transport (scripts/benchmark.py --protocol)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "stream_interval")
     args = p.parse_args()
     if any(i < 1 for i in args.intervals) or args.rounds < 1:
@@ -46,7 +48,7 @@ def run_once(args: argparse.Namespace, repository: Path, stream: bool, out: Path
     command = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), MODEL, "--start-server",
                "--model-repository", str(repository), "--concurrency", str(args.concurrency),
                "--num-requests", str(args.num_requests), "--stream" if stream else "--no-stream",
-               "--out", str(out)]
+               "--protocol", args.protocol, "--out", str(out)]
     subprocess.run(command, check=True, cwd=ROOT)
     (document,) = [json.loads(p.read_text()) for p in out.glob(f"{MODEL}-*.json")]
     return document

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,10 +54,23 @@ def test_runs_have_no_failures_and_exact_token_counts(documents):
 
 def test_streaming_strategy_reports_per_token_timing(documents):
     _, docs, _ = documents
+    assert all(doc["protocol"] == "http" for doc in docs.values())  # the default transport
     assert docs["continuous_batching"]["streamed"]
     assert docs["continuous_batching"]["summary"]["itl"]["count"] > 0
     assert not docs["static_batching"]["streamed"] and not docs["dynamic_batching"]["streamed"]
     assert docs["dynamic_batching"]["summary"]["tpot"]["count"] == 0  # one answer: no per-token timing
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_grpc_transport_measures_the_same(server, stream):
+    requests = build_requests(WorkloadSpec(num_requests=4, output_mean=12.0, output_cap=24))
+    config = BenchmarkConfig("continuous_batching", server.http_url, server.grpc_url, None,
+                             ArrivalSpec.closed_loop(2), stream=stream, protocol="grpc")
+    doc = measure(config, requests, {})
+    assert doc["protocol"] == "grpc" and doc["streamed"] is stream
+    assert doc["summary"]["failures"] == {} and doc["summary"]["num_ok"] == len(requests)
+    assert [r["num_output_tokens"] for r in doc["requests"]] == [r.max_tokens for r in requests]
+    assert (doc["summary"]["itl"]["count"] > 0) is stream
 
 
 def test_json_markdown_and_plots_are_written(documents):
@@ -77,6 +91,13 @@ def test_cli_streams_and_reports_counts(server, capsys):
                      "Once upon a time", "--max-tokens", "6", "--ignore-eos"])
     out = capsys.readouterr().out
     assert code == 0 and "output_tokens=6" in out and "ttft=" in out
+    code = cli_main(["--http", server.http_url, "--grpc", server.grpc_url, "generate", "continuous_batching",
+                     "Once upon a time", "--max-tokens", "6", "--ignore-eos", "--protocol", "http"])
+    out_http = capsys.readouterr().out
+    assert code == 0 and "output_tokens=6" in out_http
+    chunks = [int(re.search(r"chunks=(\d+)", text).group(1)) for text in (out, out_http)]
+    assert chunks[0] == chunks[1] > 1  # server-sent events: a response per token, as over gRPC
+    assert out_http.split("\n--\n")[0] == out.split("\n--\n")[0]  # the same greedy text
     code = cli_main(["--http", server.http_url, "--grpc", server.grpc_url, "info", "dynamic_batching"])
     assert code == 0 and '"max_batch_size": 8' in capsys.readouterr().out
 

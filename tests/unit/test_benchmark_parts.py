@@ -31,6 +31,15 @@ def test_arrival_spec_validates():
         ArrivalSpec(mode="sometimes")
 
 
+def test_benchmark_config_names_a_bad_protocol():
+    from client.benchmark import BenchmarkConfig
+
+    assert BenchmarkConfig("m").protocol == "http"
+    assert BenchmarkConfig("m", protocol="grpc").protocol == "grpc"
+    with pytest.raises(ValueError, match="protocol"):
+        BenchmarkConfig("m", protocol="websocket")
+
+
 def test_summary_tpot_gaps_goodput_and_failures():
     ok = RequestRecord(0, 10, 5, ttft=0.5, latency=1.3, num_output_tokens=5,
                        chunk_times=[0.5, 0.7, 0.9, 1.1, 1.3])
