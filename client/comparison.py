@@ -47,17 +47,35 @@ def write_variant(destination: Path, model: str, overrides: dict[str, str]) -> P
 def idle_fraction(doc: dict, limit: int) -> float | None:
     """Share of the `limit` sequence slots of the forward passes that did no useful work
     (empty slots and padding rows), over the run's timeline."""
-    passes = sum(s["forward_passes"] for s in doc["timeline"])
-    if not passes:
-        return None
-    seqs = sum(s["seqs_per_forward"] * s["forward_passes"] for s in doc["timeline"])
-    return 1.0 - seqs / (passes * limit)
+    seqs = seqs_per_forward(doc)
+    return None if seqs is None else 1.0 - seqs / limit
 
 
 def no_forward_fraction(doc: dict) -> float | None:
     """Share of the timeline's samples in which no forward pass ran at all."""
     samples = doc["timeline"]
     return sum(s["forward_passes"] == 0 for s in samples) / len(samples) if samples else None
+
+
+def seqs_per_forward(doc: dict) -> float | None:
+    """Mean sequences per forward pass over the run's timeline (padding rows included)."""
+    passes = sum(s["forward_passes"] for s in doc["timeline"])
+    return sum(s["seqs_per_forward"] * s["forward_passes"] for s in doc["timeline"]) / passes if passes else None
+
+
+def load_table(docs: dict[str, dict], reference: str) -> str:
+    """How loaded each strategy was at the open-loop point the latency targets read: a request-level
+    batcher that runs small batches back to back keeps the engine busy, and a request waits behind the
+    batch in service."""
+    lines = ["| strategy | sequences per forward pass | samples with a forward pass | E2E p50 s | TTFT p50 s |",
+             "|---|---|---|---|---|"]
+    for name in STRATEGIES:
+        doc = docs[f"{name}/{reference}"]
+        seqs, idle = seqs_per_forward(doc), no_forward_fraction(doc)
+        cells = ["-" if seqs is None else f"{seqs:.2f}", "-" if idle is None else f"{1 - idle:.0%}"]
+        lines.append(f"| {name} | {' | '.join(cells)} | {_q(doc, 'e2e', 'p50'):.3f} | "
+                     f"{_q(doc, 'ttft', 'p50'):.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _tok(doc: dict) -> float:

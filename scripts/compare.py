@@ -269,7 +269,10 @@ class Comparison:
                 f"queued at once): {comparison.saturated_tok(engine):.1f} output tok/s until the last "
                 f"request is admitted, {engine['output_token_throughput']:.1f} to the end (median of the rounds:"
                 f" {engine.get('rounds')} and {engine.get('rounds_whole_run')}).\n\n"
-                "## Every run (times in seconds)\n\n" + markdown_table([{"role": d["role"], **r}
+                f"## Load at {self.docs['dynamic_batching/' + REFERENCE]['arrival']['label']} (the latency "
+                "targets' point, from the models' metrics timeline)\n\n" +
+                comparison.load_table(self.docs, REFERENCE) +
+                "\n## Every run (times in seconds)\n\n" + markdown_table([{"role": d["role"], **r}
                                                                        for d, r in zip(self.docs.values(), rows)]))
         (self.out / "comparison.md").write_text(text)
         (self.out / "comparison.json").write_text(json.dumps(

@@ -189,3 +189,21 @@ def test_stream_interval_sweep_writes_its_table(tmp_path):
     assert responses["not streamed"] == 1.0 and 1.0 < responses["3"] < responses["1"], responses
     assert all(v[6] == "0" for v in rows.values()), rows  # no failures
     assert len(list((tmp_path / "runs").glob("*/continuous_batching-*.json"))) == 3
+
+
+def test_client_cost_measures_every_way_of_asking(tmp_path):
+    """scripts/client_cost.py: a row per transport, CPU per token read from the real processes; only
+    the streamed ways have inter-token gaps."""
+    proc = subprocess.run([sys.executable, "scripts/client_cost.py", "--num-requests", "3", "--rounds", "1",
+                           "--out", str(tmp_path)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {}
+    for line in (tmp_path / "client_cost.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] == "1":
+            rows[cells[1]] = cells
+    assert set(rows) == {"streamed, gRPC", "streamed, HTTP SSE", "one answer, gRPC"}, rows
+    for way, cells in rows.items():
+        assert float(cells[2]) > 0 and float(cells[3]) >= 0 and float(cells[4]) >= 0, cells
+        assert float(cells[5]) > 0, cells  # the engine ran in the stub
+        assert (cells[7] != "-") is way.startswith("streamed"), cells

@@ -133,3 +133,19 @@ def test_grpc_waits_are_lengthened_only_inside_a_run():
     with pytest.raises(RuntimeError), _quiet_grpc_waits():
         raise RuntimeError("a failed run restores it too")
     assert _common.MAXIMUM_WAIT_TIMEOUT == before
+
+
+def test_load_table_reads_sequences_per_forward_and_busy_samples():
+    from client.comparison import STRATEGIES, idle_fraction, load_table
+
+    def doc(samples):  # (forward passes, sequences per forward) per timeline sample
+        return {"timeline": [{"forward_passes": n, "seqs_per_forward": s} for n, s in samples],
+                "summary": {"e2e": {"p50": 1.5}, "ttft": {"p50": 0.25}}}
+
+    docs = {f"{name}/point": doc([(10, 1.0), (30, 2.0), (0, 0.0), (0, 0.0)]) for name in STRATEGIES}
+    docs["continuous_batching/point"] = doc([])
+    assert idle_fraction(docs["static_batching/point"], 8) == 1.0 - 1.75 / 8
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in load_table(docs, "point").splitlines()[2:]}
+    assert rows["static_batching"] == ["static_batching", "1.75", "50%", "1.500", "0.250"]
+    assert rows["continuous_batching"][1:3] == ["-", "-"]  # no timeline: not guessed
