@@ -191,8 +191,8 @@ class Benchmark:
         start = time.perf_counter()
         record.sent_at = start - self._t0
         options = dict(ignore_eos=True, temperature=0.0)
+        http = self.config.protocol == "http"
         try:
-            http = self.config.protocol == "http"
             if self._streamed:
                 send = llm.generate_stream if http else llm.stream_grpc
                 result = collect(send(self.config.model, request.prompt, request.max_tokens, stream=True,
