@@ -39,6 +39,10 @@ GRPC_WAIT_SECONDS = 5.0
 PROTOCOLS = ("http", "grpc")
 
 
+class UnmeasurableModel(ValueError):
+    """The model lacks what the benchmark reads (its token counter)."""
+
+
 @contextlib.contextmanager
 def _quiet_grpc_waits(seconds: float = GRPC_WAIT_SECONDS) -> Iterator[None]:
     """Within the block, gRPC Python's idle wake-up period is `seconds` (restored after; no-op if this
@@ -116,6 +120,9 @@ class Benchmark:
         """Send every request and wait for all answers; failures are recorded, not raised."""
         probe = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout)
         try:
+            if "num_output_tokens" not in probe.outputs(self.config.model):
+                raise UnmeasurableModel(f"{self.config.model} has no num_output_tokens output: the benchmark "
+                                        "counts each request's tokens from it")
             self._streamed = can_stream(probe, self.config.model) if self.config.stream is None \
                 else self.config.stream
         finally:

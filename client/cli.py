@@ -91,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         result, printed = generate(llm, args)
         if not printed:
             print(result.text, end="")
-        print(f"\n--\nfinish_reason={result.finish_reason} input_tokens={result.num_input_tokens} "
-              f"output_tokens={result.num_output_tokens} ttft={result.ttft:.3f}s latency={result.latency:.3f}s "
-              f"chunks={len(result.chunk_times)}")
+        counters = (result.finish_reason, result.num_input_tokens, result.num_output_tokens)
+        reason, num_in, num_out = ("-" if c is None else c for c in counters)  # None: the model has no such output
+        print(f"\n--\nfinish_reason={reason} input_tokens={num_in} output_tokens={num_out} "
+              f"ttft={result.ttft:.3f}s latency={result.latency:.3f}s chunks={len(result.chunk_times)}")
         return 0
     except RequestFailed as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -58,7 +58,8 @@ def no_forward_fraction(doc: dict) -> float | None:
 
 
 def seqs_per_forward(doc: dict) -> float | None:
-    """Mean sequences per forward pass over the run's timeline (padding rows included)."""
+    """Mean unfinished sequences per forward pass over the run's timeline (a padding row of a finished
+    request is not counted)."""
     passes = sum(s["forward_passes"] for s in doc["timeline"])
     return sum(s["seqs_per_forward"] * s["forward_passes"] for s in doc["timeline"]) / passes if passes else None
 
@@ -67,7 +68,8 @@ def load_table(docs: dict[str, dict], reference: str) -> str:
     """How loaded each strategy was at the open-loop point the latency targets read: a request-level
     batcher that runs small batches back to back keeps the engine busy, and a request waits behind the
     batch in service."""
-    lines = ["| strategy | sequences per forward pass | samples with a forward pass | E2E p50 s | TTFT p50 s |",
+    lines = ["| strategy | unfinished sequences per forward pass | samples with a forward pass | E2E p50 s "
+             "| TTFT p50 s |",
              "|---|---|---|---|---|"]
     for name in STRATEGIES:
         doc = docs[f"{name}/{reference}"]

@@ -1,7 +1,12 @@
 """A small client for the repository's LLM models over Triton's HTTP and gRPC protocols.
 
 It speaks the shared request schema (`text_input`, `max_tokens`, sampling fields, `stream`) and reads
-from the server whether a model is decoupled, so the same call works on every model:
+each model's config from the server: whether it is decoupled and batched, which inputs it declares and
+their datatypes (a field the model does not declare is refused here, naming the model's inputs, where
+HTTP `generate` would silently turn it into a request parameter), and which outputs it has (the
+counters `finish_reason`, `num_input_tokens` and `num_output_tokens` are read where the model declares
+them, else left None; only `text_output` is required). So the same call works on every model of this
+repository and on one with a narrower schema, such as a TensorRT-LLM ensemble:
 
     llm = LLMClient("127.0.0.1:8000", "127.0.0.1:8001")
     result = llm.generate("continuous_batching", "Hello", max_tokens=32)            # HTTP generate
@@ -66,24 +71,36 @@ class RequestFailed(RuntimeError):
         self.message = message
 
 
+# Triton config datatype -> (wire datatype, numpy dtype) for the inputs this client can fill
+DATATYPES: dict[str, tuple[str, type]] = {
+    "TYPE_STRING": ("BYTES", np.object_), "TYPE_BOOL": ("BOOL", np.bool_),
+    "TYPE_INT32": ("INT32", np.int32), "TYPE_INT64": ("INT64", np.int64),
+    "TYPE_UINT32": ("UINT32", np.uint32), "TYPE_UINT64": ("UINT64", np.uint64),
+    "TYPE_FP16": ("FP16", np.float16), "TYPE_FP32": ("FP32", np.float32), "TYPE_FP64": ("FP64", np.float64),
+}
+COUNTERS = ("finish_reason", "num_input_tokens", "num_output_tokens")
+
+
 @dataclass
 class Chunk:
-    """One response: new text (a delta when streaming) and the model's counters."""
+    """One response: new text (a delta when streaming) and the model's counters (None where the model
+    has no such output)."""
 
     text: str
-    finish_reason: str
-    num_input_tokens: int
-    num_output_tokens: int
+    finish_reason: str | None
+    num_input_tokens: int | None
+    num_output_tokens: int | None
 
 
 @dataclass
 class Result:
-    """A finished request: the whole text, counters and client-side timings (seconds)."""
+    """A finished request: the whole text, counters (None where the model has none) and client-side
+    timings (seconds)."""
 
     text: str
-    finish_reason: str
-    num_input_tokens: int
-    num_output_tokens: int
+    finish_reason: str | None
+    num_input_tokens: int | None
+    num_output_tokens: int | None
     ttft: float  # time to the first response carrying text (whole answer when not streaming)
     latency: float  # end to end
     chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk, from the start
@@ -121,12 +138,25 @@ class LLMClient:
     def is_decoupled(self, model: str) -> bool:
         return bool(self.model_config(model).get("model_transaction_policy", {}).get("decoupled"))
 
+    def outputs(self, model: str) -> set[str]:
+        return {o["name"] for o in self.model_config(model).get("output", [])}
+
+    def _checked(self, model: str, fields: dict) -> dict:
+        """`fields`, each one an input the model declares; otherwise RequestFailed("client", ...)."""
+        declared = {i["name"] for i in self.model_config(model).get("input", [])}
+        unknown = sorted(set(fields) - declared)
+        if unknown:
+            raise RequestFailed("client", f"{model} has no input {', '.join(map(repr, unknown))}; "
+                                          f"its inputs: {', '.join(sorted(declared))}")
+        return fields
+
     # -- HTTP generate ---------------------------------------------------------------------------
     def generate(self, model: str, prompt: str, max_tokens: int, **options) -> Result:
         """POST /v2/models/<model>/generate: one JSON answer."""
         start = time.perf_counter()
-        r = self._http.post(f"http://{self.http_url}/v2/models/{model}/generate",
-                            json=request_fields(prompt, max_tokens, **options), timeout=self.timeout)
+        body = self._checked(model, request_fields(prompt, max_tokens, **options))
+        r = self._http.post(f"http://{self.http_url}/v2/models/{model}/generate", json=body,
+                            timeout=self.timeout)
         _raise_for_http(r)
         chunk = _chunk_from_json(r.json())
         elapsed = time.perf_counter() - start
@@ -135,7 +165,7 @@ class LLMClient:
 
     def generate_stream(self, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
         """POST /v2/models/<model>/generate_stream (server-sent events), one Chunk per event."""
-        body = request_fields(prompt, max_tokens, **options)
+        body = self._checked(model, request_fields(prompt, max_tokens, **options))
         with self._http.post(f"http://{self.http_url}/v2/models/{model}/generate_stream", json=body,
                              stream=True, timeout=self.timeout) as r:
             _raise_for_http(r)
@@ -156,12 +186,13 @@ class LLMClient:
 
     def stream_grpc(self, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
         """gRPC bidirectional stream (decoupled models): yield each response as it arrives."""
+        inputs = grpc_inputs(self._checked(model, request_fields(prompt, max_tokens, **options)),
+                             self.model_config(model))
         responses: queue.Queue = queue.Queue()
         self.grpc.start_stream(callback=lambda result, error: responses.put((result, error)),
                                stream_timeout=self.timeout)
         try:
-            self.grpc.async_stream_infer(model, grpc_inputs(request_fields(prompt, max_tokens, **options)),
-                                         enable_empty_final_response=True)
+            self.grpc.async_stream_infer(model, inputs, enable_empty_final_response=True)
             while True:
                 result, error = responses.get(timeout=self.timeout)
                 if error is not None:
@@ -181,10 +212,10 @@ class LLMClient:
         start = time.perf_counter()
         if self.is_decoupled(model):
             return collect(self.stream_grpc(model, prompt, max_tokens, **options), start)
-        fields = request_fields(prompt, max_tokens, **options)
-        batched = self.model_config(model).get("max_batch_size", 0) > 0
+        inputs = grpc_inputs(self._checked(model, request_fields(prompt, max_tokens, **options)),
+                             self.model_config(model))
         try:
-            result = self.grpc.infer(model, grpc_inputs(fields, batched), client_timeout=self.timeout)
+            result = self.grpc.infer(model, inputs, client_timeout=self.timeout)
         except InferenceServerException as exc:
             raise _grpc_failure(exc) from None
         chunk = chunk_from_grpc(result)
@@ -218,10 +249,17 @@ def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
                   ttft=latency if ttft is None else ttft, latency=latency, chunk_times=times)
 
 
-def grpc_inputs(fields: dict, batched: bool = False) -> list[grpcclient.InferInput]:
+def grpc_inputs(fields: dict, config: dict | None = None) -> list[grpcclient.InferInput]:
+    """Input tensors for `fields`: datatypes as the model's config declares them (the schema's own
+    without a config), one row more when the model is batched (max_batch_size > 0)."""
+    config = config or {}
+    declared = {i["name"]: i for i in config.get("input", [])}
+    batched = config.get("max_batch_size", 0) > 0
     inputs = []
     for name, value in fields.items():
         datatype, dtype = FIELDS[name]
+        if name in declared and declared[name].get("data_type") in DATATYPES:
+            datatype, dtype = DATATYPES[declared[name]["data_type"]]
         values = value if name == "stop" else [value]
         if dtype is np.object_:
             values = [v.encode() if isinstance(v, str) else v for v in values]
@@ -236,11 +274,15 @@ def grpc_inputs(fields: dict, batched: bool = False) -> list[grpcclient.InferInp
 
 def chunk_from_grpc(result) -> Chunk:
     def first(name):
-        return np.asarray(result.as_numpy(name)).reshape(-1)[0]
+        array = result.as_numpy(name)
+        return None if array is None else np.asarray(array).reshape(-1)[0]
 
-    return Chunk(text=first("text_output").decode(), finish_reason=first("finish_reason").decode(),
-                 num_input_tokens=int(first("num_input_tokens")),
-                 num_output_tokens=int(first("num_output_tokens")))
+    text = first("text_output")
+    if text is None:
+        raise RequestFailed("client", "the response has no text_output")
+    reason, num_in, num_out = (first(name) for name in COUNTERS)
+    return Chunk(text=text.decode(), finish_reason=None if reason is None else reason.decode(),
+                 num_input_tokens=_int_or_none(num_in), num_output_tokens=_int_or_none(num_out))
 
 
 def _chunk_from_json(body: dict) -> Chunk:
@@ -249,9 +291,15 @@ def _chunk_from_json(body: dict) -> Chunk:
             value = value[0]
         return value
 
-    return Chunk(text=scalar(body["text_output"]), finish_reason=scalar(body["finish_reason"]),
-                 num_input_tokens=int(scalar(body["num_input_tokens"])),
-                 num_output_tokens=int(scalar(body["num_output_tokens"])))
+    if "text_output" not in body:
+        raise RequestFailed("client", "the response has no text_output")
+    reason, num_in, num_out = (scalar(body.get(name)) for name in COUNTERS)
+    return Chunk(text=scalar(body["text_output"]), finish_reason=reason,
+                 num_input_tokens=_int_or_none(num_in), num_output_tokens=_int_or_none(num_out))
+
+
+def _int_or_none(value) -> int | None:
+    return None if value is None else int(value)
 
 
 def _raise_for_http(r: requests.Response) -> None:

@@ -39,7 +39,7 @@ class TritonGrpcStreamUser(User):
         self.options = common.LoadOptions.from_environment(environment)
         self.feed = common.feed_for(self.options.spec)
         self.triton: grpcclient.InferenceServerClient | None = None
-        self.batched = False
+        self.config: dict = {}  # the model's config: batched or not, input datatypes
 
     def on_start(self) -> None:
         url = self.host.split("://", 1)[-1]  # tritonclient takes host:port, no scheme
@@ -52,7 +52,8 @@ class TritonGrpcStreamUser(User):
             # keeps the process from exiting after the run (server unreachable, unknown model).
             self.on_stop()
             raise
-        self.batched = int(config.get("max_batch_size", 0)) > 0  # inputs then carry a batch dimension
+        config["max_batch_size"] = int(config.get("max_batch_size", 0))  # batched: inputs get a batch dimension
+        self.config = config
 
     def on_stop(self) -> None:
         if self.triton is not None:
@@ -62,7 +63,7 @@ class TritonGrpcStreamUser(User):
     @task
     def generate(self) -> None:
         timer = common.RequestTimer(self.environment, f"grpc {self.options.model}")
-        inputs = grpc_inputs(self.options.body(self.feed.next()), self.batched)
+        inputs = grpc_inputs(self.options.body(self.feed.next()), self.config)
         responses: queue.Queue = queue.Queue()
         self.triton.start_stream(callback=lambda result, error: responses.put((result, error)),
                                  stream_timeout=self.options.request_timeout)

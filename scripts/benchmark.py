@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from batchlm.triton_server import (DEFAULT_REPOSITORY, TritonServer,  # noqa: E402
                                   exit_cleanly_on_sigterm, free_port)
 from client.arrivals import ArrivalSpec  # noqa: E402
-from client.benchmark import PROTOCOLS, BenchmarkConfig  # noqa: E402
+from client.benchmark import PROTOCOLS, BenchmarkConfig, UnmeasurableModel  # noqa: E402
 from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
 from client.request_record import SLO  # noqa: E402
 from client.triton_llm import unreachable  # noqa: E402
@@ -73,6 +73,9 @@ def main() -> None:
         print(f"{args.model}: {arrival.label}, {spec.num_requests} requests; step-count bound of "
               f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
         doc = measure(config, build_requests(spec), spec.as_dict())
+    except UnmeasurableModel as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     except Exception as exc:
         message = unreachable(exc, args.http, args.grpc)
         if message is None:
