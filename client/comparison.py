@@ -155,5 +155,8 @@ def targets_table(rows: list[dict]) -> str:
     for r in rows:
         holds = "-" if r["holds"] is None else ("yes" if r["holds"] else "NO")
         whole = "-" if r.get("whole_run") is None else f"{r['whole_run']:.2f}"
-        lines.append(f"| {r['target']} | {r['measured']:.2f} | {whole} | {r['required']} | {holds} |")
+        measured = f"{r['measured']:.2f}"
+        if r["holds"] is not None and measured == f"{float(r['required'].split()[-1]):.2f}":
+            measured = f"{r['measured']:.3f}"  # NOTE: on the line at 2 digits: show which side it fell on
+        lines.append(f"| {r['target']} | {measured} | {whole} | {r['required']} | {holds} |")
     return "\n".join(lines) + "\n"

@@ -119,6 +119,9 @@ def test_saturated_figures_fall_back_to_the_whole_run_and_the_targets_table_show
                            {"target": "p50", "measured": 0.4, "whole_run": None, "required": "<= 0.5",
                             "holds": True}])
     assert "| x / y | 2.40 | 2.25 | >= 2.3 | yes |" in table and "| p50 | 0.40 | - | <= 0.5 | yes |" in table
+    on_the_line = targets_table([{"target": "z", "measured": 2.2992, "whole_run": None, "required": ">= 2.3",
+                                  "holds": False}])
+    assert "| z | 2.299 | - | >= 2.3 | NO |" in on_the_line
 
 
 def test_grpc_waits_are_lengthened_only_inside_a_run():
