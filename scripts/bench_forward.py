@@ -2,9 +2,11 @@
 """Time one decode forward of the model at several batch sizes (in process, no server).
 
     python scripts/bench_forward.py [--model models/default] [--context 128] [--threads 2]
+                                    [--batch-sizes 1,2,4,8,16] [--dtype float32|bfloat16] [--prompt-len 0]
 
-Prints ms per step and tokens/s per batch size, and the batch-8 / batch-1 tokens/s ratio.
-Reports the 20th-percentile step time, which is robust to other processes sharing the cores.
+Prints ms per step and tokens/s per batch size, and the batch-8 / batch-1 tokens/s ratio; with
+--prompt-len L also one prefill forward of each batch size's prompts (L tokens each) and its cost per
+prompt token. Reports the 20th-percentile step time, which is robust to other processes sharing the cores.
 """
 
 import argparse
@@ -32,6 +34,19 @@ def decode_batch(batch_size: int, context: int, block_size: int) -> ForwardBatch
         logits_indices=torch.arange(batch_size))
 
 
+def prefill_batch(batch_size: int, prompt_len: int, block_size: int) -> ForwardBatch:
+    """`batch_size` prompts of `prompt_len` tokens each, fed whole, in disjoint blocks."""
+    nb = -(-prompt_len // block_size)
+    tables = torch.arange(batch_size * nb).view(batch_size, nb)  # (S, nb)
+    pos = torch.arange(prompt_len).repeat(batch_size)  # (T,)
+    rows = torch.arange(batch_size).repeat_interleave(prompt_len)  # (T,) sequence of each token
+    slots = tables[rows, pos // block_size] * block_size + pos % block_size  # (T,)
+    return ForwardBatch(
+        input_ids=torch.randint(3, 1000, (batch_size * prompt_len,)), positions=pos, slot_mapping=slots,
+        query_lens=[prompt_len] * batch_size, context_lens=[prompt_len] * batch_size, block_tables=tables,
+        logits_indices=torch.arange(1, batch_size + 1) * prompt_len - 1)
+
+
 def time_step(model, cache: KVCache, batch: ForwardBatch, iters: int) -> float:
     for _ in range(5):
         model(batch, cache)
@@ -50,16 +65,26 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--batch-sizes", default="1,2,4,8,16")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ap.add_argument("--prompt-len", type=int, default=0, help="also time a prefill of this many tokens a prompt")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model = load_model(args.model)
+    dtype = getattr(torch, args.dtype)
+    model = load_model(args.model, dtype=dtype)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     block_size = 16
-    cache = KVCache(model.config, num_blocks=max(sizes) * -(-args.context // block_size), block_size=block_size)
+    tokens = max(args.context, args.prompt_len)
+    cache = KVCache(model.config, num_blocks=max(sizes) * -(-tokens // block_size), block_size=block_size,
+                    dtype=dtype)
     ms = {}
     for s in sizes:
         ms[s] = 1e3 * time_step(model, cache, decode_batch(s, args.context, block_size), args.iters)
-        print(f"batch {s:3d}: {ms[s]:7.2f} ms/step  {1e3 * s / ms[s]:8.1f} tokens/s")
+        line = f"batch {s:3d}: {ms[s]:7.2f} ms/step  {1e3 * s / ms[s]:8.1f} tokens/s"
+        if args.prompt_len > 0:
+            prefill = 1e3 * time_step(model, cache, prefill_batch(s, args.prompt_len, block_size),
+                                      max(3, args.iters // 10))
+            line += f"  prefill {prefill:8.1f} ms ({prefill / (s * args.prompt_len):.3f} ms per prompt token)"
+        print(line)
     if 1 in ms and 8 in ms:
         print(f"tokens/s ratio batch 8 / batch 1: {8 * ms[1] / ms[8]:.2f}")
     return 0

@@ -255,3 +255,18 @@ def test_decode_groups_of_different_lengths_match_the_reference(small_torch, ref
     assert len(batch_meta[0].decode_groups) > 1
     for row, seq in enumerate(seqs):
         torch.testing.assert_close(logits[row], reference(seq.ids)[-1], atol=ATOL, rtol=0)
+
+
+def test_bench_forward_times_decode_and_prefill_per_batch_size():
+    """scripts/bench_forward.py: a line per batch size, with the prefill figures when asked."""
+    import subprocess
+    import sys
+
+    from batchlm.triton_server import PROJECT_ROOT
+
+    proc = subprocess.run([sys.executable, "scripts/bench_forward.py", "--batch-sizes", "1,2", "--iters", "3",
+                           "--context", "20", "--prompt-len", "20", "--dtype", "bfloat16"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("batch")]
+    assert len(lines) == 2 and all("ms/step" in line and "per prompt token" in line for line in lines), proc.stdout
