@@ -21,7 +21,7 @@ unit: setup
 bench-engine: setup
 	$(PY) scripts/bench_engine.py
 
-# The measured comparison of the three strategies (~35 min on 2 cores); results/compare/, and the
+# The measured comparison of the three strategies (25 to 40 min on 2 cores); results/compare/, and the
 # table and plots copied to docs/results/. COMPARE_ARGS="--lock-file /tmp/x.lock" to share the CPU.
 compare: setup
 	$(PY) scripts/compare.py --out results/compare --publish docs/results $(COMPARE_ARGS)
