@@ -94,12 +94,14 @@ class BenchmarkRun:
         return summary
 
 
-def can_stream(llm: LLMClient, model: str) -> bool:
-    """Decoupled and accepts `stream: true` (static batching is decoupled but refuses it)."""
+def can_stream(llm: LLMClient, model: str, protocol: str = "http") -> bool:
+    """Decoupled and accepts `stream: true` (static batching is decoupled but refuses it); asked over
+    `protocol`, so a server reachable on that one alone is enough."""
     if not llm.is_decoupled(model):
         return False
     try:
-        collect(llm.stream_grpc(model, "hello", 1, stream=True))  # NOTE: the model decides, not the transport
+        ask = llm.generate_stream if protocol == "http" else llm.stream_grpc
+        collect(ask(model, "hello", 1, stream=True))
     except RequestFailed as exc:
         if "stream" in exc.message:
             return False
@@ -123,8 +125,10 @@ class Benchmark:
             if "num_output_tokens" not in probe.outputs(self.config.model):
                 raise UnmeasurableModel(f"{self.config.model} has no num_output_tokens output: the benchmark "
                                         "counts each request's tokens from it")
-            self._streamed = can_stream(probe, self.config.model) if self.config.stream is None \
-                else self.config.stream
+            if self.config.stream is None:
+                self._streamed = can_stream(probe, self.config.model, self.config.protocol)
+            else:
+                self._streamed = self.config.stream
         finally:
             probe.close()
         timeline = MetricsTimeline(self.config.metrics_url, self.config.model) \

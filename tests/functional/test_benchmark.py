@@ -73,6 +73,17 @@ def test_grpc_transport_measures_the_same(server, stream):
     assert (doc["summary"]["itl"]["count"] > 0) is stream
 
 
+def test_http_runs_need_no_grpc_port(server):
+    """Over HTTP nothing goes to the gRPC address, the streaming probe included."""
+    requests = build_requests(WorkloadSpec(num_requests=2, output_mean=8.0, output_cap=12))
+    nowhere = f"127.0.0.1:{free_port()}"
+    for model, streamed in (("continuous_batching", True), ("dynamic_batching", False)):
+        config = BenchmarkConfig(model, server.http_url, nowhere, None, ArrivalSpec.closed_loop(2))
+        doc = measure(config, requests, {})
+        assert doc["streamed"] is streamed and doc["summary"]["failures"] == {}, model
+        assert [r["num_output_tokens"] for r in doc["requests"]] == [r.max_tokens for r in requests]
+
+
 def test_json_markdown_and_plots_are_written(documents):
     out, docs, _ = documents
     for model in STRATEGIES:
