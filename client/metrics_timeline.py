@@ -58,8 +58,14 @@ class MetricsTimeline:
     """Use as a context manager around a run; `samples` holds the timeline afterwards.
 
     Entering scrapes a baseline before the run sends anything, and exiting takes a closing sample, so
-    the samples' counter deltas add up to the whole run, even one shorter than `interval`.
+    the samples' counter deltas add up to the whole run, even one shorter than `interval`. The baseline
+    is a settled one: the models push their counters in batches (batchlm.serving.metrics), so the work
+    of a request answered just before (the benchmark's streaming probe) can reach the page a moment
+    later; entering waits until two scrapes `settle` seconds apart agree (at most `settle_timeout`).
     """
+
+    settle = 0.05
+    settle_timeout = 2.0
 
     def __init__(self, metrics_url: str, model: str, interval: float = 0.25) -> None:
         self.metrics_url = metrics_url
@@ -72,8 +78,8 @@ class MetricsTimeline:
         self._previous: dict[str, float] | None = None  # the last scrape samples are counted from
 
     def __enter__(self) -> MetricsTimeline:
+        self._previous = self._settled_scrape()  # the baseline, taken before the run sends anything
         self._start = time.perf_counter()
-        self._previous = self._scrape()  # the baseline, taken before the run sends anything
         self._thread.start()
         return self
 
@@ -83,6 +89,17 @@ class MetricsTimeline:
 
     def as_dicts(self) -> list[dict]:
         return [asdict(s) for s in self.samples]
+
+    def _settled_scrape(self) -> dict[str, float] | None:
+        deadline = time.monotonic() + self.settle_timeout
+        previous = self._scrape()
+        while time.monotonic() < deadline:
+            time.sleep(self.settle)
+            now = self._scrape()
+            if now == previous:
+                return now
+            previous = now
+        return previous
 
     def _scrape(self) -> dict[str, float] | None:
         try:

@@ -87,6 +87,30 @@ def test_timeline_counts_a_run_shorter_than_one_interval():
         server.server_close()
 
 
+def test_timeline_baseline_waits_for_counters_pushed_late():
+    # Work answered just before the run (the streaming probe) reaches the page a moment late: the
+    # baseline waits for it instead of counting it in the run.
+    class LatePage(_MetricsPage):
+        scrapes = 0
+
+        def do_GET(self):  # noqa: N802
+            type(self).scrapes += 1
+            if type(self).scrapes == 2:
+                type(self).tokens = 101  # the probe's token lands between the first two scrapes
+            super().do_GET()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), LatePage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        LatePage.tokens = 100
+        with MetricsTimeline(f"http://127.0.0.1:{server.server_port}/metrics", "m", interval=30.0) as timeline:
+            LatePage.tokens = 141
+        assert [s.generated_tokens for s in timeline.samples] == [40.0]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_variant_repository_overrides_parameters(tmp_path):
     write_variant(tmp_path, "continuous_batching", {"max_num_seqs": "64"})
     config = (tmp_path / "continuous_batching" / "config.pbtxt").read_text()
