@@ -1,5 +1,6 @@
 """Benchmark building blocks without a server: arrivals, per-request stats, metrics parsing, variants."""
 
+import contextlib
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,18 +74,24 @@ class _MetricsPage(BaseHTTPRequestHandler):
         pass
 
 
-def test_timeline_counts_a_run_shorter_than_one_interval():
-    # The baseline is scraped on entry and a closing sample taken on exit: no token of the run is lost.
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _MetricsPage)
+@contextlib.contextmanager
+def _serving(handler):
+    """A metrics page served by `handler` on a free port; yields its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        _MetricsPage.tokens = 100
-        with MetricsTimeline(f"http://127.0.0.1:{server.server_port}/metrics", "m", interval=30.0) as timeline:
-            _MetricsPage.tokens = 142
-        assert [s.generated_tokens for s in timeline.samples] == [42.0]
+        yield f"http://127.0.0.1:{server.server_port}/metrics"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_timeline_counts_a_run_shorter_than_one_interval():
+    # The baseline is scraped on entry and a closing sample taken on exit: no token of the run is lost.
+    _MetricsPage.tokens = 100
+    with _serving(_MetricsPage) as url, MetricsTimeline(url, "m", interval=30.0) as timeline:
+        _MetricsPage.tokens = 142
+    assert [s.generated_tokens for s in timeline.samples] == [42.0]
 
 
 def test_timeline_baseline_waits_for_counters_pushed_late():
@@ -99,16 +106,10 @@ def test_timeline_baseline_waits_for_counters_pushed_late():
                 type(self).tokens = 101  # the probe's token lands between the first two scrapes
             super().do_GET()
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), LatePage)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        LatePage.tokens = 100
-        with MetricsTimeline(f"http://127.0.0.1:{server.server_port}/metrics", "m", interval=30.0) as timeline:
-            LatePage.tokens = 141
-        assert [s.generated_tokens for s in timeline.samples] == [40.0]
-    finally:
-        server.shutdown()
-        server.server_close()
+    LatePage.tokens = 100
+    with _serving(LatePage) as url, MetricsTimeline(url, "m", interval=30.0) as timeline:
+        LatePage.tokens = 141
+    assert [s.generated_tokens for s in timeline.samples] == [40.0]
 
 
 def test_variant_repository_overrides_parameters(tmp_path):
