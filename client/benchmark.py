@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from client.arrivals import CLOSED, ArrivalSpec
 from client.metrics_timeline import MetricsTimeline, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
-from client.triton_llm import LLMClient, RequestFailed, collect
+from client.triton_llm import PROTOCOLS, LLMClient, RequestFailed, collect
 from client.workload import WorkloadRequest
 
 # NOTE: gRPC Python wakes every thread blocked on a call or stream every 0.1 s
@@ -36,7 +36,6 @@ from client.workload import WorkloadRequest
 # 64, alternated): 1001.9 / 921.9 output tok/s while saturated at 0.1 s against 1029.4 / 956.4 at 5 s.
 # A longer wait delays no answer: a wait ends as soon as its call is notified.
 GRPC_WAIT_SECONDS = 5.0
-PROTOCOLS = ("http", "grpc")
 
 
 class UnmeasurableModel(ValueError):
@@ -100,8 +99,7 @@ def can_stream(llm: LLMClient, model: str, protocol: str = "http") -> bool:
     if not llm.is_decoupled(model):
         return False
     try:
-        ask = llm.generate_stream if protocol == "http" else llm.stream_grpc
-        collect(ask(model, "hello", 1, stream=True))
+        collect(llm.stream(protocol, model, "hello", 1, stream=True))
     except RequestFailed as exc:
         if "stream" in exc.message:
             return False
@@ -202,15 +200,12 @@ class Benchmark:
         start = time.perf_counter()
         record.sent_at = start - self._t0
         options = dict(ignore_eos=True, temperature=0.0)
-        http = self.config.protocol == "http"
+        ask = (self.config.protocol, self.config.model, request.prompt, request.max_tokens)
         try:
             if self._streamed:
-                send = llm.generate_stream if http else llm.stream_grpc
-                result = collect(send(self.config.model, request.prompt, request.max_tokens, stream=True,
-                                      **options), start)
+                result = collect(llm.stream(*ask, stream=True, **options), start)
             else:
-                send = llm.generate if http else llm.infer_grpc
-                result = send(self.config.model, request.prompt, request.max_tokens, **options)
+                result = llm.answer(*ask, **options)
         except RequestFailed as exc:
             record.error, record.error_message = exc.status, exc.message
             record.latency = time.perf_counter() - start

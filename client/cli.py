@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from client.triton_llm import LLMClient, RequestFailed, Result, collect, unreachable
+from client.triton_llm import PROTOCOLS, LLMClient, RequestFailed, Result, collect, unreachable
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     gen.add_argument("model")
     gen.add_argument("prompt")
     gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    gen.add_argument("--protocol", choices=PROTOCOLS, default="grpc")
     gen.add_argument("--no-stream", action="store_true", help="ask for one answer even if it can stream")
     gen.add_argument("--temperature", type=float)
     gen.add_argument("--top-k", type=int)
@@ -50,18 +50,16 @@ def options(args: argparse.Namespace) -> dict:
 def generate(llm: LLMClient, args: argparse.Namespace) -> tuple[Result, bool]:
     """The result, and whether its text was already printed while streaming."""
     opts = options(args)
-    http = args.protocol == "http"
-    whole = llm.generate if http else llm.infer_grpc
+    ask = (args.protocol, args.model, args.prompt, args.max_tokens)
     if args.no_stream or not llm.is_decoupled(args.model):
-        return whole(args.model, args.prompt, args.max_tokens, **opts), False
+        return llm.answer(*ask, **opts), False
     start = time.perf_counter()
     try:
-        stream = llm.generate_stream if http else llm.stream_grpc
-        return collect(_echo(stream(args.model, args.prompt, args.max_tokens, stream=True, **opts)), start), True
+        return collect(_echo(llm.stream(*ask, stream=True, **opts)), start), True
     except RequestFailed as exc:
         if "stream" not in exc.message:  # NOTE: e.g. static_batching: decoupled, but cannot stream
             raise
-        return whole(args.model, args.prompt, args.max_tokens, **opts), False
+        return llm.answer(*ask, **opts), False
 
 
 def _echo(chunks):

@@ -79,6 +79,7 @@ DATATYPES: dict[str, tuple[str, type]] = {
     "TYPE_FP16": ("FP16", np.float16), "TYPE_FP32": ("FP32", np.float32), "TYPE_FP64": ("FP64", np.float64),
 }
 COUNTERS = ("finish_reason", "num_input_tokens", "num_output_tokens")
+PROTOCOLS = ("http", "grpc")  # http: /generate and /generate_stream (SSE); grpc: infer and streams
 
 
 @dataclass
@@ -141,8 +142,20 @@ class LLMClient:
     def outputs(self, model: str) -> set[str]:
         return {o["name"] for o in self.model_config(model).get("output", [])}
 
-    def _checked(self, model: str, fields: dict) -> dict:
-        """`fields`, each one an input the model declares; otherwise RequestFailed("client", ...)."""
+    def answer(self, protocol: str, model: str, prompt: str, max_tokens: int, **options) -> Result:
+        """One whole answer over `protocol` (PROTOCOLS): `generate` or `infer_grpc`."""
+        ask = self.generate if protocol == "http" else self.infer_grpc
+        return ask(model, prompt, max_tokens, **options)
+
+    def stream(self, protocol: str, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
+        """The response stream over `protocol` (PROTOCOLS): `generate_stream` or `stream_grpc`."""
+        ask = self.generate_stream if protocol == "http" else self.stream_grpc
+        return ask(model, prompt, max_tokens, **options)
+
+    def _fields(self, model: str, prompt: str, max_tokens: int, **options) -> dict:
+        """The request's fields, each one an input the model declares; else RequestFailed("client", ...)
+        naming the model's inputs."""
+        fields = request_fields(prompt, max_tokens, **options)
         declared = {i["name"] for i in self.model_config(model).get("input", [])}
         unknown = sorted(set(fields) - declared)
         if unknown:
@@ -154,7 +167,7 @@ class LLMClient:
     def generate(self, model: str, prompt: str, max_tokens: int, **options) -> Result:
         """POST /v2/models/<model>/generate: one JSON answer."""
         start = time.perf_counter()
-        body = self._checked(model, request_fields(prompt, max_tokens, **options))
+        body = self._fields(model, prompt, max_tokens, **options)
         r = self._http.post(f"http://{self.http_url}/v2/models/{model}/generate", json=body,
                             timeout=self.timeout)
         _raise_for_http(r)
@@ -165,7 +178,7 @@ class LLMClient:
 
     def generate_stream(self, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
         """POST /v2/models/<model>/generate_stream (server-sent events), one Chunk per event."""
-        body = self._checked(model, request_fields(prompt, max_tokens, **options))
+        body = self._fields(model, prompt, max_tokens, **options)
         with self._http.post(f"http://{self.http_url}/v2/models/{model}/generate_stream", json=body,
                              stream=True, timeout=self.timeout) as r:
             _raise_for_http(r)
@@ -186,7 +199,7 @@ class LLMClient:
 
     def stream_grpc(self, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
         """gRPC bidirectional stream (decoupled models): yield each response as it arrives."""
-        inputs = grpc_inputs(self._checked(model, request_fields(prompt, max_tokens, **options)),
+        inputs = grpc_inputs(self._fields(model, prompt, max_tokens, **options),
                              self.model_config(model))
         responses: queue.Queue = queue.Queue()
         self.grpc.start_stream(callback=lambda result, error: responses.put((result, error)),
@@ -212,7 +225,7 @@ class LLMClient:
         start = time.perf_counter()
         if self.is_decoupled(model):
             return collect(self.stream_grpc(model, prompt, max_tokens, **options), start)
-        inputs = grpc_inputs(self._checked(model, request_fields(prompt, max_tokens, **options)),
+        inputs = grpc_inputs(self._fields(model, prompt, max_tokens, **options),
                              self.model_config(model))
         try:
             result = self.grpc.infer(model, inputs, client_timeout=self.timeout)

@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from batchlm.triton_server import (DEFAULT_REPOSITORY, TritonServer,  # noqa: E402
                                   exit_cleanly_on_sigterm, free_port)
 from client.arrivals import ArrivalSpec  # noqa: E402
-from client.benchmark import PROTOCOLS, BenchmarkConfig, UnmeasurableModel  # noqa: E402
+from client.benchmark import BenchmarkConfig, UnmeasurableModel  # noqa: E402
 from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
 from client.request_record import SLO  # noqa: E402
-from client.triton_llm import unreachable  # noqa: E402
+from client.triton_llm import PROTOCOLS, unreachable  # noqa: E402
 from client.workload import WorkloadSpec, build_requests  # noqa: E402
 
 

@@ -46,9 +46,10 @@ from batchlm.triton_server import (DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServe
                                   exit_cleanly_on_sigterm, free_port)
 from client import comparison, plots  # noqa: E402
 from client.arrivals import ArrivalSpec  # noqa: E402
-from client.benchmark import PROTOCOLS, Benchmark, BenchmarkConfig  # noqa: E402
+from client.benchmark import Benchmark, BenchmarkConfig  # noqa: E402
 from client.engine_baseline import engine_throughput  # noqa: E402
 from client.report import markdown_table, measure, summary_row, write_run  # noqa: E402
+from client.triton_llm import PROTOCOLS  # noqa: E402
 from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noqa: E402
 
 STATIC, DYNAMIC, CONT = comparison.STRATEGIES
