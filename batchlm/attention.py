@@ -81,6 +81,19 @@ class AttentionMetadata:
         return len(self.decode_groups) == 1 and self.decode_groups[0].rows is None
 
     @classmethod
+    def for_last_tokens(cls, batch: ForwardBatch, block_size: int, device: torch.device,
+                        use_kernel: bool = False) -> "AttentionMetadata":
+        """Metadata for attending only each sequence's last scheduled token (the rows at
+        `batch.logits_indices`), as single-token queries over the whole context; K/V are written with
+        the full batch's metadata. The model's last layer uses it: nothing reads its other rows."""
+        last = ForwardBatch(
+            input_ids=batch.input_ids[batch.logits_indices], positions=batch.positions[batch.logits_indices],
+            slot_mapping=batch.slot_mapping[batch.logits_indices], query_lens=[1] * batch.num_seqs,
+            context_lens=batch.context_lens, block_tables=batch.block_tables,
+            logits_indices=torch.arange(batch.num_seqs))
+        return cls.build(last, block_size, device, use_kernel)
+
+    @classmethod
     def build(cls, batch: ForwardBatch, block_size: int, device: torch.device,
               use_kernel: bool = False) -> "AttentionMetadata":
         """`use_kernel`: index for torch.ops.batchlm.paged_attention (CPU) instead of SDPA groups."""
@@ -174,13 +187,23 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     q: (T, H, hd); k, v: (T, KVH, hd); k_cache: (num_blocks, KVH, hd, bs), keys transposed within a block;
     v_cache: (num_slots, KVH, hd) (see KVCache). Returns (T, H, hd).
     """
-    T, H, hd = q.shape
-    KVH = k.shape[1]
-    G = H // KVH
-    bs = meta.block_size
+    write_kv(k, v, k_cache, v_cache, meta)
+    return attend(q, k_cache, v_cache, meta)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             meta: AttentionMetadata) -> None:
+    """Store this step's keys and values (T, KVH, hd) in the slots `meta.slot_mapping` names."""
     by_offset = k_cache.permute(0, 3, 1, 2)  # (num_blocks, bs, KVH, hd): a view, writes go through
     by_offset[meta.key_block, meta.key_offset] = k
     v_cache.index_copy_(0, meta.slot_mapping, v)
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """Attend each query (T, H, hd) to its sequence's keys and values, already in the cache; (T, H, hd)."""
+    T, H, hd = q.shape
+    G = H // k_cache.shape[1]
+    bs = meta.block_size
     if meta.kernel is not None:
         index = meta.kernel
         return torch.ops.batchlm.paged_attention(q.contiguous(), k_cache, v_cache, index.block_tables,

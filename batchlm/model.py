@@ -8,13 +8,14 @@ sequence boundaries (see attention.py). q/k/v and gate/up projections are fused 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from batchlm import kernels
-from batchlm.attention import AttentionMetadata, paged_attention
+from batchlm.attention import AttentionMetadata, attend, write_kv
 from batchlm.engine_config import ATTENTION_BACKENDS
 from batchlm.errors import InvalidArgument
 from batchlm.forward_batch import ForwardBatch
@@ -91,6 +92,14 @@ def _onednn_linear_available() -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class RowsKept:
+    """The rows of T a layer keeps (each sequence's last scheduled token) and their attention metadata."""
+
+    rows: torch.Tensor  # (S,) int64 indices into T
+    meta: AttentionMetadata  # single-token queries at those rows (AttentionMetadata.for_last_tokens)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -99,14 +108,19 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.H * self.hd, config.hidden_size)
 
     def forward(self, x: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata, keep: RowsKept | None = None) -> torch.Tensor:
+        """(T, D) -> (T, D); with `keep`, K/V of all T tokens are cached but only the kept rows attend
+        and come out: (len(keep.rows), D)."""
         T = x.shape[0]
         H, KVH = self.H, self.KVH
         qkv = self.qkv_proj(x).view(T, H + 2 * KVH, self.hd)  # (T, H + 2KVH, hd)
         qk = apply_rope(qkv[:, :H + KVH], rope)  # (T, H + KVH, hd): q and k rotated together
         q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KVH:]  # (T, H, hd), (T, KVH, hd), (T, KVH, hd)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta)  # (T, H, hd)
-        return self.o_proj(out.reshape(T, H * self.hd))  # (T, D)
+        write_kv(k, v, k_cache, v_cache, meta)
+        if keep is not None:
+            q, meta = q[keep.rows], keep.meta  # (S, H, hd)
+        out = attend(q, k_cache, v_cache, meta)  # (T or S, H, hd)
+        return self.o_proj(out.reshape(q.shape[0], H * self.hd))  # (T or S, D)
 
 
 class MLP(nn.Module):
@@ -129,9 +143,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, h: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, k_cache, v_cache, meta)  # (T, D)
-        return h + self.mlp(self.post_attention_layernorm(h))  # (T, D)
+                meta: AttentionMetadata, keep: RowsKept | None = None) -> torch.Tensor:
+        """(T, D) -> (T, D), or (S, D) for the kept rows only (see Attention.forward)."""
+        attn = self.self_attn(self.input_layernorm(h), rope, k_cache, v_cache, meta, keep)  # (T or S, D)
+        h = (h if keep is None else h[keep.rows]) + attn  # (T or S, D)
+        return h + self.mlp(self.post_attention_layernorm(h))  # (T or S, D)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -192,9 +208,19 @@ class LlamaForCausalLM(nn.Module):
         positions = batch.positions.to(device, non_blocking=True)  # (T,)
         rope = self.rotary(positions, self.dtype)  # cos, sin: (T, 1, hd) each
         h = self.embed_tokens(input_ids)  # (T, D)
+        rows = batch.logits_indices.to(device, non_blocking=True)  # (S,)
+        # NOTE: only the last layer's outputs at `rows` reach lm_head, so when a prompt chunk feeds more
+        # tokens than there are sequences, that layer caches every token's K/V but attends, projects and
+        # runs its MLP for those rows alone (a prompt token skips about a tenth of its linear FLOPs).
+        keep = None
+        if batch.num_tokens > batch.num_seqs:
+            keep = RowsKept(rows, AttentionMetadata.for_last_tokens(
+                batch, kv_cache.block_size, device, use_kernel=self.attention_kernel))
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = layer(h, rope, kv_cache.k[i], kv_cache.v[i], meta)  # (T, D)
-        h = h[batch.logits_indices.to(device, non_blocking=True)]  # (S, D)
+            h = layer(h, rope, kv_cache.k[i], kv_cache.v[i], meta, keep if i == last else None)  # (T, D)
+        if keep is None:
+            h = h[rows]  # (S, D)
         return self.lm_head(self.norm(h)).float()  # (S, V)
 
     def prepack_linears(self) -> int:

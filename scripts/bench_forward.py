@@ -3,10 +3,14 @@
 
     python scripts/bench_forward.py [--model models/default] [--context 128] [--threads 2]
                                     [--batch-sizes 1,2,4,8,16] [--dtype float32|bfloat16] [--prompt-len 0]
+                                    [--profile]
 
 Prints ms per step and tokens/s per batch size, and the batch-8 / batch-1 tokens/s ratio; with
 --prompt-len L also one prefill forward of each batch size's prompts (L tokens each) and its cost per
 prompt token. Reports the 20th-percentile step time, which is robust to other processes sharing the cores.
+`--profile` splits each forward (torch.profiler, self CPU time) into the linears, attention and the
+rest, gives the linears' GFLOP/s, and first times a 1024 x 1024 x 1024 matmul in the same dtype: how
+close the linears run to what this CPU's matmul can do.
 """
 
 import argparse
@@ -58,6 +62,49 @@ def time_step(model, cache: KVCache, batch: ForwardBatch, iters: int) -> float:
     return sorted(times)[len(times) // 5]
 
 
+def linear_flops_per_row(config) -> tuple[int, int]:
+    """(FLOPs of one token through every decoder layer's linears, FLOPs of one row through lm_head)."""
+    D, I, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    qkv = D * (config.num_heads + 2 * config.num_kv_heads) * hd
+    per_layer = qkv + config.num_heads * hd * D + D * 2 * I + I * D
+    return 2 * per_layer * config.num_layers, 2 * D * config.vocab_size
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 1024) -> float:
+    """GFLOP/s of an n-cube matmul (20th-percentile time of 20): what this CPU's matmul reaches hot."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * n ** 3 / sorted(times)[len(times) // 5] / 1e9
+
+
+LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm")
+ATTENTION_OPS = ("batchlm::paged_attention", "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+def profile_split(model, cache: KVCache, batch: ForwardBatch, iters: int = 10) -> tuple[float, float, float]:
+    """ms per forward in the linears, in attention and in everything else (self CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(iters):
+            model(batch, cache)
+    linears = attention = total = 0.0
+    for event in prof.key_averages():
+        total += event.self_cpu_time_total
+        if event.key in LINEAR_OPS:
+            linears += event.self_cpu_time_total
+        elif event.key in ATTENTION_OPS:
+            attention += event.self_cpu_time_total
+    ms = 1e-3 / iters
+    return linears * ms, attention * ms, (total - linears - attention) * ms
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=Path("models/default"))
@@ -67,6 +114,7 @@ def main() -> int:
     ap.add_argument("--batch-sizes", default="1,2,4,8,16")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--prompt-len", type=int, default=0, help="also time a prefill of this many tokens a prompt")
+    ap.add_argument("--profile", action="store_true", help="split each forward into linears, attention, rest")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -76,15 +124,27 @@ def main() -> int:
     tokens = max(args.context, args.prompt_len)
     cache = KVCache(model.config, num_blocks=max(sizes) * -(-tokens // block_size), block_size=block_size,
                     dtype=dtype)
+    layer_flops, head_flops = linear_flops_per_row(model.config)
+    if args.profile:
+        print(f"matmul 1024^3 {args.dtype}: {matmul_peak(dtype):.0f} GFLOP/s")
     ms = {}
     for s in sizes:
-        ms[s] = 1e3 * time_step(model, cache, decode_batch(s, args.context, block_size), args.iters)
+        decode = decode_batch(s, args.context, block_size)
+        ms[s] = 1e3 * time_step(model, cache, decode, args.iters)
         line = f"batch {s:3d}: {ms[s]:7.2f} ms/step  {1e3 * s / ms[s]:8.1f} tokens/s"
         if args.prompt_len > 0:
-            prefill = 1e3 * time_step(model, cache, prefill_batch(s, args.prompt_len, block_size),
-                                      max(3, args.iters // 10))
+            prefill_rows = prefill_batch(s, args.prompt_len, block_size)
+            prefill = 1e3 * time_step(model, cache, prefill_rows, max(3, args.iters // 10))
             line += f"  prefill {prefill:8.1f} ms ({prefill / (s * args.prompt_len):.3f} ms per prompt token)"
         print(line)
+        if args.profile:
+            runs = [("decode", decode, s * (layer_flops + head_flops))]
+            if args.prompt_len > 0:
+                runs.append(("prefill", prefill_rows, s * (args.prompt_len * layer_flops + head_flops)))
+            for kind, batch, flops in runs:
+                linears, attn, rest = profile_split(model, cache, batch)
+                print(f"  {kind}: linears {linears:.2f} ms ({flops / linears / 1e6:.0f} GFLOP/s), "
+                      f"attention {attn:.2f} ms, rest {rest:.2f} ms (profiled)")
     if 1 in ms and 8 in ms:
         print(f"tokens/s ratio batch 8 / batch 1: {8 * ms[1] / ms[8]:.2f}")
     return 0

@@ -194,6 +194,28 @@ def test_logits_only_for_each_sequences_last_token(small, reference):
     torch.testing.assert_close(logits[1], reference(b.ids)[-1], atol=ATOL, rtol=0)
 
 
+def test_last_layer_runs_only_the_rows_that_reach_lm_head(small, reference):
+    """A prompt chunk's other tokens need the last layer's K/V only: its attention output, o_proj and MLP
+    run for each sequence's last token (the logits match the reference; the next step reads the cache)."""
+    rows_seen = {}
+    hooks = [small.layers[i].mlp.down_proj.register_forward_hook(
+        lambda _m, args, _out, i=i: rows_seen.__setitem__(i, args[0].shape[0])) for i in (0, -1)]
+    try:
+        cache = KVCache(small.config, 16, 4)
+        pool = shuffled_pool(16, 5)
+        a, b = Seq([5, 6, 7, 8, 9, 10], pool, 4), Seq([11, 12, 13], pool, 4)
+        logits = forward(small, cache, [a.schedule(6), b.schedule(3)])
+        assert rows_seen == {0: 9, -1: 2}  # 9 tokens through the first layer's MLP, 2 through the last's
+        a.ids.append(21)
+        b.ids.append(22)
+        logits = forward(small, cache, [a.schedule(1), b.schedule(1)])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    torch.testing.assert_close(logits[0], reference(a.ids)[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[1], reference(b.ids)[-1], atol=ATOL, rtol=0)
+
+
 def test_kv_cache_layout_and_size(small):
     cfg = small.config
     cache = KVCache(cfg, num_blocks=10, block_size=16)
@@ -270,3 +292,23 @@ def test_bench_forward_times_decode_and_prefill_per_batch_size():
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("batch")]
     assert len(lines) == 2 and all("ms/step" in line and "per prompt token" in line for line in lines), proc.stdout
+
+
+def test_step_costs_reads_each_strategy_saturated_and_the_same_kv_ratio():
+    """scripts/step_costs.py: a row per strategy (same-KV included when asked) and the ratios to request-level."""
+    import subprocess
+    import sys
+
+    from batchlm.triton_server import PROJECT_ROOT
+
+    proc = subprocess.run([sys.executable, "scripts/step_costs.py", "--num-requests", "8", "--same-kv-seqs", "16"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "strategy" not in line]
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "request-level (8 per batch)", "continuous (8 in flight)", "continuous (16 at most, same KV blocks)"]
+    for row in rows:
+        cells = [cell.strip() for cell in row.split("|")[2:-1]]
+        assert float(cells[0]) > 0 and float(cells[1]) > 0, row  # whole run and saturated tok/s
+    ratios = [line for line in proc.stdout.splitlines() if "/ request-level, saturated:" in line]
+    assert len(ratios) == 2 and all(float(line.rsplit(":", 1)[1]) > 0 for line in ratios), proc.stdout
