@@ -62,12 +62,15 @@ def time_step(model, cache: KVCache, batch: ForwardBatch, iters: int) -> float:
     return sorted(times)[len(times) // 5]
 
 
-def linear_flops_per_row(config) -> tuple[int, int]:
-    """(FLOPs of one token through every decoder layer's linears, FLOPs of one row through lm_head)."""
+def linear_flops(config, tokens: int, seqs: int) -> int:
+    """FLOPs of the linears in one forward of `tokens` rows from `seqs` sequences: every token through
+    the layers' qkv projection, the last layer's o_proj and MLP and lm_head only for each sequence's
+    last token (LlamaForCausalLM.forward), every other layer's o_proj and MLP for every token."""
     D, I, hd = config.hidden_size, config.intermediate_size, config.head_dim
     qkv = D * (config.num_heads + 2 * config.num_kv_heads) * hd
-    per_layer = qkv + config.num_heads * hd * D + D * 2 * I + I * D
-    return 2 * per_layer * config.num_layers, 2 * D * config.vocab_size
+    rest = config.num_heads * hd * D + D * 2 * I + I * D
+    layers = config.num_layers * qkv * tokens + (config.num_layers - 1) * rest * tokens + rest * seqs
+    return 2 * (layers + D * config.vocab_size * seqs)
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 1024) -> float:
@@ -124,7 +127,6 @@ def main() -> int:
     tokens = max(args.context, args.prompt_len)
     cache = KVCache(model.config, num_blocks=max(sizes) * -(-tokens // block_size), block_size=block_size,
                     dtype=dtype)
-    layer_flops, head_flops = linear_flops_per_row(model.config)
     if args.profile:
         print(f"matmul 1024^3 {args.dtype}: {matmul_peak(dtype):.0f} GFLOP/s")
     ms = {}
@@ -138,9 +140,9 @@ def main() -> int:
             line += f"  prefill {prefill:8.1f} ms ({prefill / (s * args.prompt_len):.3f} ms per prompt token)"
         print(line)
         if args.profile:
-            runs = [("decode", decode, s * (layer_flops + head_flops))]
+            runs = [("decode", decode, linear_flops(model.config, s, s))]
             if args.prompt_len > 0:
-                runs.append(("prefill", prefill_rows, s * (args.prompt_len * layer_flops + head_flops)))
+                runs.append(("prefill", prefill_rows, linear_flops(model.config, s * args.prompt_len, s)))
             for kind, batch, flops in runs:
                 linears, attn, rest = profile_split(model, cache, batch)
                 print(f"  {kind}: linears {linears:.2f} ms ({flops / linears / 1e6:.0f} GFLOP/s), "

@@ -287,11 +287,17 @@ def test_bench_forward_times_decode_and_prefill_per_batch_size():
     from batchlm.triton_server import PROJECT_ROOT
 
     proc = subprocess.run([sys.executable, "scripts/bench_forward.py", "--batch-sizes", "1,2", "--iters", "3",
-                           "--context", "20", "--prompt-len", "20", "--dtype", "bfloat16"],
+                           "--context", "20", "--prompt-len", "20", "--dtype", "bfloat16", "--profile"],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("batch")]
     assert len(lines) == 2 and all("ms/step" in line and "per prompt token" in line for line in lines), proc.stdout
+    assert "GFLOP/s" in proc.stdout.splitlines()[0], proc.stdout  # the matmul's rate first
+    split = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
+    assert [line.split(":")[0] for line in split] == ["decode", "prefill"] * 2, proc.stdout
+    for line in split:  # linears (with their rate), attention and the rest, each a positive time
+        times = [float(part.split(" ms")[0].rsplit(" ", 1)[1]) for part in line.split(", ")]
+        assert all(t > 0 for t in times) and "GFLOP/s" in line, line
 
 
 def test_step_costs_reads_each_strategy_saturated_and_the_same_kv_ratio():
