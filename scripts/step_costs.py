@@ -3,13 +3,15 @@
     python scripts/step_costs.py [--num-requests 128] [--dtype bfloat16] [--attention auto|kernel|torch]
                                  [--decode-groups 4] [--same-kv-seqs 64]
 
-Runs the seeded workload (client.workload) through the engine twice on this thread: request-level
-(BatchGenerator, batches of 8 in arrival order, finished rows kept as padding) and continuous (every
-request queued at once, 8 sequences in flight). For each it prints output tok/s over the whole run and
-while saturated (continuous: up to the step that admits the last request), sequences per step while
-saturated, the count and mean time of decode-only steps (every scheduled sequence feeds one token) and
-of steps that also feed prompt tokens, and the share of the run spent in the latter. `--same-kv-seqs N` adds continuous batching with up to N sequences on the same KV blocks
-(the compare's same-KV-memory variant). `--attention torch` uses SDPA instead of the native kernel; with it, `--decode-groups 1`
+Runs the seeded workload (client.workload) through the engine on this thread: request-level
+(BatchGenerator, batches of 8 in arrival order, finished rows kept as padding), continuous (every
+request queued at once, 8 sequences in flight) and, with `--same-kv-seqs N`, continuous with up to N
+sequences on the same KV blocks (the compare's same-KV-memory variant). For each it prints output tok/s
+over the whole run and while saturated (continuous: up to the step that admits the last request, as
+client.engine_baseline reads it), sequences per step while saturated, the count and mean time of
+decode-only steps (every scheduled sequence feeds one token) and of steps that also feed prompt tokens,
+and the share of the run spent in the latter; then each continuous run's saturated ratio to
+request-level. `--attention torch` uses SDPA instead of the native kernel; with it, `--decode-groups 1`
 pads all decode queries to one length (batchlm.attention).
 """
 
@@ -83,15 +85,16 @@ def main() -> None:
     requests = build_requests(WorkloadSpec(num_requests=args.num_requests))
     model_dir = ROOT / "models" / "default"
     config = EngineConfig(dtype=args.dtype, attention=args.attention)
+    batches_of_8 = [requests[i:i + 8] for i in range(0, len(requests), 8)]
     rows = {
-        "request-level (8 per batch)": measure(BatchGenerator.from_dir(model_dir, config).engine,
-                                               [requests[i:i + 8] for i in range(0, len(requests), 8)], False),
-        "continuous (8 in flight)": measure(LLMEngine(model_dir, config), [requests], True),
+        "request-level (8 per batch)": measure(BatchGenerator.from_dir(model_dir, config).engine, batches_of_8,
+                                               continuous=False),
+        "continuous (8 in flight)": measure(LLMEngine(model_dir, config), [requests], continuous=True),
     }
     if args.same_kv_seqs:
         wide = dataclasses.replace(config, max_num_seqs=args.same_kv_seqs)
-        rows[f"continuous ({args.same_kv_seqs} at most, same KV blocks)"] = measure(LLMEngine(model_dir, wide),
-                                                                                  [requests], True)
+        rows[f"continuous ({args.same_kv_seqs} at most, same KV blocks)"] = measure(
+            LLMEngine(model_dir, wide), [requests], continuous=True)
     keys = list(next(iter(rows.values())))
     print("| strategy | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))
     for name, row in rows.items():
