@@ -155,11 +155,13 @@ def train_tokenizer(seed: int, vocab_size: int):
 
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None, attention: str = "auto") -> LlamaForCausalLM:
+               dtype: torch.dtype | None = None, attention: str = "auto",
+               linear: str = "auto") -> LlamaForCausalLM:
     """Load a Llama-family HF checkpoint from local disk, in eval mode; `.config` is its ModelConfig.
 
     dtype None means float32 on CPU and bfloat16 elsewhere. Weights are converted on copy.
-    `attention` picks the attention path (LlamaForCausalLM.set_attention).
+    `attention` picks the attention path (LlamaForCausalLM.set_attention), `linear` the packed matmul
+    (LlamaForCausalLM.prepack_linears).
     """
     config = ModelConfig.from_dir(model_dir)
     device = torch.device(device)
@@ -167,7 +169,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = LlamaForCausalLM(config, device=device, dtype=dtype)
     model.load_hf_state_dict(SafetensorsCheckpoint(model_dir))
-    model.prepack_linears()  # no-op off CPU float32 / bfloat16
+    model.prepack_linears(linear)  # no-op off CPU
     model.set_attention(attention)
     return model
 

@@ -14,6 +14,7 @@ from batchlm.errors import InvalidArgument
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "kernel", "torch")
+LINEAR_BACKENDS = ("auto", "kernel", "onednn")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -25,6 +26,8 @@ class EngineConfig:
     num_threads: int = 2                  # torch intra-op threads; 0 = leave torch's setting alone
     attention: str = "auto"               # "kernel" (native CPU op, batch-invariant), "torch" (SDPA),
                                           # "auto": the kernel where it is built and can run
+    linear: str = "auto"                  # "kernel" (native CPU op, float32, batch-invariant), "onednn"
+                                          # (packed oneDNN matmul), "auto": the kernel where it can run
     block_size: int = 16                  # token slots per KV block
     num_kv_blocks: int = 512              # KV blocks in total (512 x 16 = 8 rows x 1024 tokens)
     max_num_seqs: int = 8                 # sequences in one forward pass at most
@@ -45,6 +48,8 @@ class EngineConfig:
             raise InvalidArgument("dtype", f"must be one of {DTYPES} or None, got {self.dtype!r}")
         if self.attention not in ATTENTION_BACKENDS:
             raise InvalidArgument("attention", f"must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
+        if self.linear not in LINEAR_BACKENDS:
+            raise InvalidArgument("linear", f"must be one of {LINEAR_BACKENDS}, got {self.linear!r}")
         _require_int("num_threads", self.num_threads, minimum=0)
         _require_int("admit_headroom_blocks", self.admit_headroom_blocks, minimum=0)
         for name in ("block_size", "num_kv_blocks", "max_num_seqs",

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from batchlm import kernels
 from batchlm.attention import AttentionMetadata, attend, write_kv
-from batchlm.engine_config import ATTENTION_BACKENDS
+from batchlm.engine_config import ATTENTION_BACKENDS, LINEAR_BACKENDS
 from batchlm.errors import InvalidArgument
 from batchlm.forward_batch import ForwardBatch
 from batchlm.kv_cache import KVCache
@@ -37,25 +37,31 @@ class RMSNorm(nn.Module):
 class Linear(nn.Module):
     """y = x @ weight.T, no bias; weight is (out_features, in_features) as in HF checkpoints.
 
-    `prepack()` (CPU, float32 or bfloat16) trades the dense weight for a oneDNN-blocked copy. Decode streams
-    every weight from DRAM each step, and MKL's dense sgemm streams WIDE matrices (out >> in) poorly at
-    2..16 rows; packed, a batch-8 step through gate_up and lm_head is ~1.4x and ~2x cheaper. The square and
-    narrow ones (qkv, o, down) cost about the same either way at 8 rows (+7, +3 and -5 us per call packed),
-    and less packed at 40 rows (0.150 / 0.086 / 0.223 ms against 0.194 / 0.122 / 0.255) and in prefill
-    (512 rows: 1.16 / 0.97 / 2.11 against 1.88 / 1.03 / 2.13), so the model packs every linear.
-    The dense weight is dropped after packing (no 2x memory).
+    `prepack(backend)` (CPU) trades the dense weight for a packed copy; the dense weight is dropped (no 2x
+    memory). Decode streams every weight from DRAM each step (the default model is ~4x this CPU's L3).
+    - "kernel" (float32, library built): `torch.ops.batchlm.linear` (batchlm/kernels/linear.cpp) prefetches
+      the next block of weights while it multiplies the current one, and sums every output over k in one
+      fixed order, so a row's bits do not depend on the other rows of the call. A whole decode step at 8
+      and 40 sequences costs ~0.8x and ~0.9x what it costs through oneDNN (docs/architecture.md item 18).
+    - "onednn" (float32 or bfloat16): oneDNN's blocked layout. Against MKL's dense sgemm it made a batch-8
+      step through gate_up and lm_head ~1.4x and ~2x cheaper; in prefill (512 rows) qkv / o / down took
+      1.16 / 0.97 / 2.11 ms against 1.88 / 1.03 / 2.13 dense. On session 15's AMD EPYC its float32 sum for
+      K = 1408 (down_proj) differs between a row alone and the same row among others, in the last bits.
+    - "auto": the kernel where it can run, else oneDNN, else dense.
 
     In bfloat16 the rows go through the matmul at most `ROWS_PER_CALL` at a time. oneDNN picks another
     kernel above 32 rows (measured: from 33..37 rows up, a row's result differs in its last bits from the
     same row computed alone); in bfloat16 such a difference is a whole ulp of the rounded output and
-    changes greedy tokens. Under the limit every row gets the bits it gets alone, so a sequence's tokens
-    do not depend on what else shares its step (with the native attention kernel: see attention.py).
+    changes greedy tokens. Under the limit every row got the bits it got alone on session 4's Intel CPU;
+    on session 14's AMD EPYC they did not (docs/architecture.md item 18).
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
+        self.out_features = out_features
         self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features))
-        self.packed: torch.Tensor | None = None
+        self.packed: torch.Tensor | None = None  # oneDNN layout
+        self.kernel_packed: torch.Tensor | None = None  # batchlm::linear layout (G, in, 64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype is torch.float32 or x.shape[0] <= ROWS_PER_CALL:
@@ -63,14 +69,32 @@ class Linear(nn.Module):
         return torch.cat([self._matmul(rows) for rows in x.split(ROWS_PER_CALL)])  # (T, out)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel_packed is not None:
+            return torch.ops.batchlm.linear(x, self.kernel_packed, self.out_features)  # (T, out)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")  # (T, out)
         return F.linear(x, self.weight)  # (T, in) -> (T, out)
 
-    def prepack(self) -> bool:
-        """Switch to the oneDNN-packed weight when this build and device support it; True if it did."""
+    @property
+    def backend(self) -> str:
+        """"kernel", "onednn" or "dense": what forward multiplies with."""
+        if self.kernel_packed is not None:
+            return "kernel"
+        return "onednn" if self.packed is not None else "dense"
+
+    def prepack(self, backend: str = "auto") -> bool:
+        """Switch to a packed weight ("auto", "kernel" or "onednn", see the class); True if it did.
+
+        Returns False, staying dense, where the chosen backend cannot run (device, dtype, build).
+        """
         w = self.weight
-        if w is None or w.device.type != "cpu" or w.dtype not in PACKED_DTYPES or not _onednn_linear_available():
+        if w is None or w.device.type != "cpu":
+            return False
+        if backend in ("auto", "kernel") and w.dtype is torch.float32 and kernels.load():
+            self.kernel_packed = torch.ops.batchlm.pack_linear(w.detach())
+            self.weight = None
+            return True
+        if backend == "kernel" or w.dtype not in PACKED_DTYPES or not _onednn_linear_available():
             return False
         try:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_FOR_ROWS)
@@ -223,12 +247,24 @@ class LlamaForCausalLM(nn.Module):
             h = h[rows]  # (S, D)
         return self.lm_head(self.norm(h)).float()  # (S, V)
 
-    def prepack_linears(self) -> int:
-        """CPU, float32 or bfloat16: move every Linear to a oneDNN-packed weight (see Linear).
+    def prepack_linears(self, backend: str = "auto") -> int:
+        """CPU: move every Linear to a packed weight (Linear.prepack; "auto", "kernel" or "onednn").
 
-        Returns how many moved. Call after loading; packed weights are no longer loadable.
+        Returns how many moved. Call after loading; packed weights are no longer loadable. "kernel" raises
+        InvalidArgument("linear") where batchlm::linear cannot run (not CPU float32, or not built).
         """
-        return sum(m.prepack() for m in self.modules() if isinstance(m, Linear) and m.weight is not None)
+        if backend not in LINEAR_BACKENDS:
+            raise InvalidArgument("linear", f"must be one of {LINEAR_BACKENDS}, got {backend!r}")
+        if backend == "kernel" and not (self.device.type == "cpu" and self.dtype is torch.float32
+                                        and kernels.load()):
+            raise InvalidArgument("linear", "the batchlm linear kernel needs a CPU model in float32 and a "
+                                  "built library (python -m batchlm.kernels)")
+        return sum(m.prepack(backend) for m in self.modules() if isinstance(m, Linear) and m.weight is not None)
+
+    @property
+    def linear_backend(self) -> str:
+        """What lm_head (and so every Linear, packed alike) multiplies with: "kernel", "onednn" or "dense"."""
+        return self.lm_head.backend
 
     def load_hf_state_dict(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy a HF Llama state dict (names as in model.safetensors) into the fused parameters.

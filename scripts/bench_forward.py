@@ -3,14 +3,15 @@
 
     python scripts/bench_forward.py [--model models/default] [--context 128] [--threads 2]
                                     [--batch-sizes 1,2,4,8,16] [--dtype float32|bfloat16] [--prompt-len 0]
-                                    [--profile]
+                                    [--profile] [--linear auto|kernel|onednn]
 
 Prints ms per step and tokens/s per batch size, and the batch-8 / batch-1 tokens/s ratio; with
 --prompt-len L also one prefill forward of each batch size's prompts (L tokens each) and its cost per
 prompt token. Reports the 20th-percentile step time, which is robust to other processes sharing the cores.
 `--profile` splits each forward (torch.profiler, self CPU time) into the linears, attention and the
 rest, gives the linears' GFLOP/s, and first times a 1024 x 1024 x 1024 matmul in the same dtype: how
-close the linears run to what this CPU's matmul can do.
+close the linears run to what this CPU's matmul can do. `--linear` picks the packed matmul
+(LlamaForCausalLM.prepack_linears): the batchlm kernel or oneDNN, to compare the two.
 """
 
 import argparse
@@ -86,7 +87,7 @@ def matmul_peak(dtype: torch.dtype, n: int = 1024) -> float:
     return 2 * n ** 3 / sorted(times)[len(times) // 5] / 1e9
 
 
-LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm")
+LINEAR_OPS = ("batchlm::linear", "mkldnn::_linear_pointwise", "aten::addmm", "aten::mm")
 ATTENTION_OPS = ("batchlm::paged_attention", "aten::_scaled_dot_product_flash_attention_for_cpu")
 
 
@@ -118,10 +119,11 @@ def main() -> int:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--prompt-len", type=int, default=0, help="also time a prefill of this many tokens a prompt")
     ap.add_argument("--profile", action="store_true", help="split each forward into linears, attention, rest")
+    ap.add_argument("--linear", choices=("auto", "kernel", "onednn"), default="auto", help="packed matmul")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    model = load_model(args.model, dtype=dtype)
+    model = load_model(args.model, dtype=dtype, linear=args.linear)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     block_size = 16
     tokens = max(args.context, args.prompt_len)
@@ -129,6 +131,7 @@ def main() -> int:
                     dtype=dtype)
     if args.profile:
         print(f"matmul 1024^3 {args.dtype}: {matmul_peak(dtype):.0f} GFLOP/s")
+    print(f"linears: {model.linear_backend}")
     ms = {}
     for s in sizes:
         decode = decode_batch(s, args.context, block_size)

@@ -2,8 +2,8 @@
 
     python -m batchlm.kernels        # build (scripts/setup.sh does this), then load and print the op names
 
-`load()` registers `torch.ops.batchlm.paged_attention` (see paged_attention.cpp for its contract) if the
-library was built for this exact source, torch version, compiler flags and CPU; it never compiles, so a
+`load()` registers `torch.ops.batchlm.paged_attention`, `.linear` and `.pack_linear` (see paged_attention.cpp
+and linear.cpp for their contracts) if the library was built for this exact source, torch version, compiler flags and CPU; it never compiles, so a
 server process never waits on a compiler. Callers fall back to the torch path when it returns False.
 The library goes to `batchlm/kernels/build/` (ignored by git), one file per key, so a stale build is never
 loaded: a changed source or a different CPU gets a new file name.
@@ -23,7 +23,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "paged_attention.cpp",)
+SOURCES = (HERE / "paged_attention.cpp", HERE / "linear.cpp")
 BUILD_DIR = HERE / "build"
 # NOTE: -march=native: the library is built on the machine that runs it (set-up), and its file name
 # carries the CPU's model and flags. No -ffast-math: the kernels' sums must keep their written order.

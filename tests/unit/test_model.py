@@ -9,6 +9,7 @@ import torch
 from batchlm import attention
 from batchlm.attention import group_by_length
 from batchlm.checkpoint import SafetensorsCheckpoint, load_model, write_default_checkpoint
+from batchlm.errors import InvalidArgument
 from batchlm.forward_batch import ForwardBatch
 from batchlm.kv_cache import KVCache
 from batchlm.rope import rope_inv_freq
@@ -24,10 +25,14 @@ def small_dir(tmp_path_factory):
     return write_default_checkpoint(tmp_path_factory.mktemp("small"), seed=1, **SMALL)
 
 
-@pytest.fixture(scope="module", params=["kernel", "torch"])
+@pytest.fixture(scope="module", params=[("kernel", "kernel"), ("torch", "onednn")], ids=["kernels", "torch"])
 def small(small_dir, request):
-    """Both attention paths: the native kernel (built by set-up; a missing build fails here) and SDPA."""
-    return load_model(small_dir, attention=request.param)
+    """Both attention paths and both packed matmuls: the native kernels (built by set-up; a missing build
+    fails here), and SDPA with oneDNN."""
+    attention, linear = request.param
+    model = load_model(small_dir, attention=attention, linear=linear)
+    assert model.linear_backend == linear
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +189,35 @@ def test_ragged_batch_gives_each_sequence_its_greedy_tokens_alone(default_model)
     assert outputs == expected
 
 
+def test_the_linear_kernel_is_refused_where_it_cannot_run(small_dir):
+    with pytest.raises(InvalidArgument) as err:
+        load_model(small_dir, dtype=torch.bfloat16, linear="kernel")
+    assert err.value.field == "linear"
+    assert load_model(small_dir, dtype=torch.bfloat16).linear_backend == "onednn"  # auto: oneDNN there
+
+
+def test_float32_logits_are_bit_identical_alone_and_batched(default_model):
+    """With both native kernels, a sequence's logits do not depend on what shares its step, to the bit."""
+    assert default_model.linear_backend == "kernel" and default_model.attention_kernel
+    rng = random.Random(3)
+    prompts = [[1] + [rng.randrange(3, 8192) for _ in range(n)] for n in (4, 11, 7, 2, 9, 6, 13)]
+    cache = KVCache(default_model.config, num_blocks=64, block_size=4)
+    pool = shuffled_pool(64, 6)
+    alone = []
+    for p in prompts:  # each prompt alone, then one decode step alone
+        s = Seq(p, pool, 4)
+        forward(default_model, cache, [s.schedule(len(p))])
+        s.ids.append(5)
+        alone.append(forward(default_model, cache, [s.schedule(1)])[0])
+    seqs = [Seq(p, pool, 4) for p in prompts]
+    forward(default_model, cache, [s.schedule(len(s.ids)) for s in seqs])
+    for s in seqs:
+        s.ids.append(5)
+    batched = forward(default_model, cache, [s.schedule(1) for s in seqs])
+    for i, row in enumerate(alone):
+        assert torch.equal(batched[i], row), i
+
+
 def test_logits_only_for_each_sequences_last_token(small, reference):
     cache = KVCache(small.config, 16, 4)
     pool = shuffled_pool(16, 4)
@@ -293,6 +327,7 @@ def test_bench_forward_times_decode_and_prefill_per_batch_size():
     lines = [line for line in proc.stdout.splitlines() if line.startswith("batch")]
     assert len(lines) == 2 and all("ms/step" in line and "per prompt token" in line for line in lines), proc.stdout
     assert "GFLOP/s" in proc.stdout.splitlines()[0], proc.stdout  # the matmul's rate first
+    assert "linears: onednn" in proc.stdout.splitlines(), proc.stdout  # bfloat16: the kernel is float32 only
     split = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
     assert [line.split(":")[0] for line in split] == ["decode", "prefill"] * 2, proc.stdout
     for line in split:  # linears (with their rate), attention and the rest, each a positive time

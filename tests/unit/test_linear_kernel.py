@@ -1,0 +1,85 @@
+"""torch.ops.batchlm.linear: close to a float64 reference, and each row's bits independent of the other rows
+of the call, of its register block and chunk, and of the thread count (what keeps float32 decoding
+batch-invariant bit for bit)."""
+
+import pytest
+import torch
+
+from batchlm import kernels
+
+COLS = 64  # output columns per packed group (linear.cpp)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded():
+    assert kernels.load(), f"kernel library not built: {kernels.library_path()} (run python -m batchlm.kernels)"
+
+
+def weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) / k ** 0.5
+
+
+def rows(t: int, k: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(t, k, generator=torch.Generator().manual_seed(seed))
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.batchlm.linear(x, torch.ops.batchlm.pack_linear(w), w.shape[0])
+
+
+def test_pack_layout_groups_64_columns_and_zero_pads_the_last():
+    w = weight(100, 7)
+    packed = torch.ops.batchlm.pack_linear(w)
+    assert packed.shape == (2, 7, COLS) and packed.is_contiguous()
+    for n in (0, 63, 64, 99):
+        assert torch.equal(packed[n // COLS, :, n % COLS], w[n])
+    assert not packed[1, :, 36:].any()
+
+
+@pytest.mark.parametrize("n,k", [(768, 512), (512, 1408), (100, 37), (64, 1), (130, 3)])
+@pytest.mark.parametrize("t", [1, 5, 6, 7, 40, 97, 200])
+def test_matches_the_float64_product(n, k, t):
+    w, x = weight(n, k), rows(t, k)
+    out = linear(x, w)
+    assert out.shape == (t, n) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), x.double() @ w.double().T, atol=1e-5 * k ** 0.5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n,k", [(512, 1408), (200, 512)])
+def test_a_rows_bits_do_not_depend_on_the_rest_of_the_call(n, k):
+    """Alone, at every offset of a 6-row block and of a 96-row chunk, and with 1 or 2 threads."""
+    w, x = weight(n, k), rows(203, k)
+    packed = torch.ops.batchlm.pack_linear(w)
+    alone = torch.cat([torch.ops.batchlm.linear(x[i:i + 1], packed, n) for i in range(len(x))])
+    for t in (2, 6, 7, 40, 96, 97, 203):
+        assert torch.equal(torch.ops.batchlm.linear(x[:t], packed, n), alone[:t]), t
+    assert torch.equal(torch.ops.batchlm.linear(x[5:45], packed, n), alone[5:45])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(torch.ops.batchlm.linear(x, packed, n), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_non_contiguous_rows_and_empty_calls():
+    w = weight(70, 33)
+    x = rows(33, 10).T  # (10, 33), not contiguous
+    torch.testing.assert_close(linear(x, w), linear(x.contiguous(), w), atol=0, rtol=0)
+    assert linear(torch.empty(0, 33), w).shape == (0, 70)
+
+
+def test_bad_inputs_are_refused_with_what_is_wrong():
+    w = weight(70, 33)
+    packed = torch.ops.batchlm.pack_linear(w)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.batchlm.linear(rows(2, 33).double(), packed, 70)
+    with pytest.raises(RuntimeError, match="features"):
+        torch.ops.batchlm.linear(rows(2, 32), packed, 70)
+    with pytest.raises(RuntimeError, match="groups of 64"):
+        torch.ops.batchlm.linear(rows(2, 33), packed, 129)
+    with pytest.raises(RuntimeError, match="groups of 64"):
+        torch.ops.batchlm.linear(rows(2, 33), packed, 64)
+    with pytest.raises(RuntimeError, match="pack_linear"):
+        torch.ops.batchlm.linear(rows(2, 33), w, 70)
