@@ -38,22 +38,19 @@ class Linear(nn.Module):
     """y = x @ weight.T, no bias; weight is (out_features, in_features) as in HF checkpoints.
 
     `prepack(backend)` (CPU) trades the dense weight for a packed copy; the dense weight is dropped (no 2x
-    memory). Decode streams every weight from DRAM each step (the default model is ~4x this CPU's L3).
-    - "kernel" (float32, library built): `torch.ops.batchlm.linear` (batchlm/kernels/linear.cpp) prefetches
-      the next block of weights while it multiplies the current one, and sums every output over k in one
-      fixed order, so a row's bits do not depend on the other rows of the call. A whole decode step at 8
-      and 40 sequences costs ~0.8x and ~0.9x what it costs through oneDNN (docs/architecture.md item 18).
+    memory). Decode streams every weight from DRAM each step (the default model is ~3x this CPU's L3).
+    - "kernel" (float32 or bfloat16, library built with vector code for the dtype): `torch.ops.batchlm.linear`
+      (batchlm/kernels/linear.cpp) prefetches the next block of weights while it multiplies the current one,
+      and sums every output over k in one fixed order, so a row's bits do not depend on the other rows of
+      the call. A float32 decode step at 8 and 40 sequences costs ~0.8x and ~0.9x what it costs through
+      oneDNN (docs/architecture.md item 18).
     - "onednn" (float32 or bfloat16): oneDNN's blocked layout. Against MKL's dense sgemm it made a batch-8
       step through gate_up and lm_head ~1.4x and ~2x cheaper; in prefill (512 rows) qkv / o / down took
-      1.16 / 0.97 / 2.11 ms against 1.88 / 1.03 / 2.13 dense. On session 15's AMD EPYC its float32 sum for
-      K = 1408 (down_proj) differs between a row alone and the same row among others, in the last bits.
-    - "auto": the kernel where it can run, else oneDNN, else dense.
-
-    In bfloat16 the rows go through the matmul at most `ROWS_PER_CALL` at a time. oneDNN picks another
-    kernel above 32 rows (measured: from 33..37 rows up, a row's result differs in its last bits from the
-    same row computed alone); in bfloat16 such a difference is a whole ulp of the rounded output and
-    changes greedy tokens. Under the limit every row got the bits it got alone on session 4's Intel CPU;
-    on session 14's AMD EPYC they did not (docs/architecture.md item 18).
+      1.16 / 0.97 / 2.11 ms against 1.88 / 1.03 / 2.13 dense. Its result for a row can depend on the other
+      rows of the call: in bfloat16 above 32 rows on session 4's Intel CPU, and for down_proj (K = 1408)
+      from 2 rows (float32) or 4 rows (bfloat16) up on session 15's AMD EPYC. So in bfloat16 the rows go
+      through it at most `ROWS_PER_CALL` at a time, which was enough on that Intel CPU only.
+    - "auto": the kernel where it has vector code, else oneDNN, else dense.
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:
@@ -61,16 +58,16 @@ class Linear(nn.Module):
         self.out_features = out_features
         self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features))
         self.packed: torch.Tensor | None = None  # oneDNN layout
-        self.kernel_packed: torch.Tensor | None = None  # batchlm::linear layout (G, in, 64)
+        self.kernel_packed: torch.Tensor | None = None  # batchlm::pack_linear layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel_packed is not None:
+            return torch.ops.batchlm.linear(x, self.kernel_packed, self.out_features)  # (T, in) -> (T, out)
         if x.dtype is torch.float32 or x.shape[0] <= ROWS_PER_CALL:
             return self._matmul(x)  # (T, in) -> (T, out)
         return torch.cat([self._matmul(rows) for rows in x.split(ROWS_PER_CALL)])  # (T, out)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel_packed is not None:
-            return torch.ops.batchlm.linear(x, self.kernel_packed, self.out_features)  # (T, out)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")  # (T, out)
         return F.linear(x, self.weight)  # (T, in) -> (T, out)
@@ -90,7 +87,7 @@ class Linear(nn.Module):
         w = self.weight
         if w is None or w.device.type != "cpu":
             return False
-        if backend in ("auto", "kernel") and w.dtype is torch.float32 and kernels.load():
+        if backend in ("auto", "kernel") and kernels.linear_is_native(w.dtype):
             self.kernel_packed = torch.ops.batchlm.pack_linear(w.detach())
             self.weight = None
             return True
@@ -255,10 +252,9 @@ class LlamaForCausalLM(nn.Module):
         """
         if backend not in LINEAR_BACKENDS:
             raise InvalidArgument("linear", f"must be one of {LINEAR_BACKENDS}, got {backend!r}")
-        if backend == "kernel" and not (self.device.type == "cpu" and self.dtype is torch.float32
-                                        and kernels.load()):
-            raise InvalidArgument("linear", "the batchlm linear kernel needs a CPU model in float32 and a "
-                                  "built library (python -m batchlm.kernels)")
+        if backend == "kernel" and not (self.device.type == "cpu" and kernels.linear_is_native(self.dtype)):
+            raise InvalidArgument("linear", "the batchlm linear kernel needs a CPU model, a built library "
+                                  "(python -m batchlm.kernels) and AVX-512 (AVX-512 BF16 for bfloat16)")
         return sum(m.prepack(backend) for m in self.modules() if isinstance(m, Linear) and m.weight is not None)
 
     @property

@@ -17,7 +17,7 @@ def main() -> int:
     if not load():
         print(f"batchlm kernels: built {path} but it does not load", file=sys.stderr)
         return 1
-    print(f"batchlm kernels: {path.name} (torch.ops.batchlm: paged_attention, linear, pack_linear)")
+    print(f"batchlm kernels: {path.name} (torch.ops.batchlm: paged_attention, linear, pack_linear, linear_is_native)")
     return 0
 
 

@@ -1,25 +1,32 @@
-// batchlm::linear: y = x @ W^T in float32, every output summed over k in ascending order with fma, the
-// next block of W prefetched while the current one is multiplied.
+// batchlm::linear: y = x @ W^T for float32 or bfloat16, every output summed over k in ascending order in
+// float32, the next block of W prefetched while the current one is multiplied.
 //
 // Contract (checked at the top of linear):
-//   x        (T, K)       float32 (made contiguous here)
-//   packed   (G, K, 64)   float32, contiguous: pack_linear(W) for W (N, K); group g holds output columns
-//                         64g .. 64g+63 (zero past N), row k of a group is those columns' weights at k
-//   n        int          N, the output features: 64(G - 1) < N <= 64G
-//   returns  (T, N)       float32
+//   x        (T, K)            float32 or bfloat16, the dtype of packed (made contiguous here)
+//   packed   pack_linear(W)    for W (N, K) in x's dtype:
+//            float32  (G, K, 64)       group g holds output columns 64g .. 64g+63 (zero past N); row k of a
+//                                      group is those columns' weights at k
+//            bfloat16 (G, K2, 64, 2)   K2 = ceil(K / 2): row j of a group is those columns' weights at k = 2j
+//                                      and 2j + 1 (zero past K), pairwise, as the bfloat16 dot product reads them
+//   n        int               N, the output features: 64(G - 1) < N <= 64G
+//   returns  (T, N)            x's dtype
+// pack_linear(W (N, K)) -> packed, G = ceil(N / 64). linear_is_native(dtype) -> bool: whether this build
+// has the vector code for that dtype (float32: AVX-512; bfloat16: AVX-512 BF16). Without it float32 runs a
+// scalar loop with the same sums (correct, slow) and bfloat16 is refused; callers use oneDNN instead.
 //
-// pack_linear(W (N, K) float32) -> (G, K, 64): the layout above, G = ceil(N / 64).
+// Why a kernel: a decode step streams every weight from DRAM (the default model is ~3x this CPU's L3),
+// and with oneDNN's packed matmul that streaming and the arithmetic did not overlap (docs/architecture.md
+// item 18). Each group is one sequential stream (256 bytes per k, or per pair of k in bfloat16), and the
+// first register block of rows prefetches the next group's row into L2 as it reads its own, so the memory
+// system stays one group ahead of the arithmetic.
 //
-// Why a kernel: a decode step streams every weight from DRAM (the model is ~4x this CPU's L3), and with
-// oneDNN's packed matmul that streaming and the arithmetic did not overlap: a batch-8 step cost ~1.3x
-// and a batch-40 step ~1.1x what it costs here (docs/architecture.md item 18). Each group is one
-// sequential 256-byte-per-k stream, and the first register block of rows prefetches the next group's
-// row k into L2 as it reads its own, so the memory system is one group ahead of the FMAs.
-//
-// Exactness: output (t, n) is fma(x[t][K-1], W[n][K-1], ... fma(x[t][0], W[n][0], 0)), in that order,
-// whatever T is, whichever register block or thread computes the row, and whichever column group. So a
-// row's result does not depend on what else is in the call: batch-invariant bit for bit (oneDNN's
-// float32 kernel changes its summation between 1 and 2 rows for K = 1408 on the AMD EPYC of session 15).
+// Exactness: whatever T is, and whichever register block, chunk, thread or column group computes a row,
+//   float32:  out[t][n] = fma(x[t][K-1], W[n][K-1], ... fma(x[t][0], W[n][0], 0))
+//   bfloat16: acc = 0; for j in 0 .. K2-1: acc = vdpbf16ps(acc, x pair j, W pair j) (k = 2j+1, then 2j, as
+//             the instruction defines); out = acc rounded to bfloat16 once (nearest even)
+// So a row's bits do not depend on what else is in the call: batch-invariant bit for bit. (oneDNN's
+// down_proj, K = 1408, does not have this on the AMD EPYC of session 15: a row alone differs from the
+// same row among others, in float32 and in bfloat16.)
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -28,34 +35,50 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace {
 
-constexpr int64_t kCols = 64;    // output columns per group: four 16-lane vectors
-constexpr int kVecs = 4;
-constexpr int kRows = 6;         // rows per register block: 6 x 4 accumulators + 4 weight vectors
-constexpr int64_t kChunk = 96;   // rows per pass over W: a chunk of x stays in L2 while W streams by
+constexpr int64_t kCols = 64;   // output columns per group: four 16-lane vectors
+constexpr int kRows = 6;        // rows per register block: 6 x 4 accumulators + 4 weight vectors
+constexpr int64_t kChunk = 96;  // rows per pass over W: a chunk of x stays in L2 while W streams by
 
-// Rows r .. r + R of x times one group `w` (K, 64); writes `ncols` (<= 64) columns of out (row stride n).
-// `next`, when not null, is the following group: its row k is prefetched as this group's row k is read.
+#ifdef __AVX512F__
+inline void prefetch_row(const void* p) {  // one group row: 256 bytes, four lines (a hint, no effect on results)
+  const char* line = static_cast<const char*>(p);
+  _mm_prefetch(line, _MM_HINT_T1);
+  _mm_prefetch(line + 64, _MM_HINT_T1);
+  _mm_prefetch(line + 128, _MM_HINT_T1);
+  _mm_prefetch(line + 192, _MM_HINT_T1);
+}
+
+inline void store_cols(float* o, const __m512 (&acc)[4], int64_t ncols) {
+  if (ncols == kCols) {
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(o + 16 * v, acc[v]);
+    return;
+  }
+  alignas(64) float tmp[kCols];  // the last group of an N that is not a multiple of 64
+  for (int v = 0; v < 4; ++v) _mm512_store_ps(tmp + 16 * v, acc[v]);
+  std::copy(tmp, tmp + ncols, o);
+}
+#endif
+
+// float32: rows r .. r + R of x (row stride K) times one group `w` (K, 64); writes `ncols` (<= 64) columns
+// of out (row stride n). `next`, when not null, is the following group, prefetched row by row.
 template <int R>
-void block(const float* __restrict x, int64_t K, const float* __restrict w, const float* next,
-           float* __restrict out, int64_t n, int64_t ncols) {
-  __m512 acc[R][kVecs];
+void block_f32(const float* __restrict x, int64_t K, const float* __restrict w, const float* next,
+               float* __restrict out, int64_t n, int64_t ncols) {
+#ifdef __AVX512F__
+  __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     const float* wk = w + k * kCols;
     const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16), w2 = _mm512_loadu_ps(wk + 32),
                  w3 = _mm512_loadu_ps(wk + 48);
-    if (next != nullptr) {
-      const char* line = reinterpret_cast<const char*>(next + k * kCols);
-      _mm_prefetch(line, _MM_HINT_T1);
-      _mm_prefetch(line + 64, _MM_HINT_T1);
-      _mm_prefetch(line + 128, _MM_HINT_T1);
-      _mm_prefetch(line + 192, _MM_HINT_T1);
-    }
+    if (next != nullptr) prefetch_row(next + k * kCols);
     for (int r = 0; r < R; ++r) {
       const __m512 xb = _mm512_set1_ps(x[r * K + k]);
       acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
@@ -64,58 +87,135 @@ void block(const float* __restrict x, int64_t K, const float* __restrict w, cons
       acc[r][3] = _mm512_fmadd_ps(xb, w3, acc[r][3]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    float* o = out + r * n;
-    if (ncols == kCols) {
-      for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(o + 16 * v, acc[r][v]);
-    } else {  // the last group of an N that is not a multiple of 64
-      alignas(64) float tmp[kCols];
-      for (int v = 0; v < kVecs; ++v) _mm512_store_ps(tmp + 16 * v, acc[r][v]);
-      std::copy(tmp, tmp + ncols, o);
+  for (int r = 0; r < R; ++r) store_cols(out + r * n, acc[r], ncols);
+#else
+  (void)next;
+  for (int r = 0; r < R; ++r)
+    for (int64_t c = 0; c < ncols; ++c) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc = std::fma(x[r * K + k], w[k * kCols + c], acc);
+      out[r * n + c] = acc;
     }
-  }
+#endif
 }
 
-using BlockFn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t);
-constexpr BlockFn kBlocks[kRows + 1] = {nullptr, block<1>, block<2>, block<3>, block<4>, block<5>, block<6>};
+#ifdef __AVX512BF16__
+// bfloat16: x and w as pairs of bfloat16 in 32-bit words; x rows of K2 pairs, w one group (K2, 64 pairs).
+template <int R>
+void block_bf16(const uint32_t* __restrict x, int64_t K2, const uint32_t* __restrict w, const uint32_t* next,
+                at::BFloat16* __restrict out, int64_t n, int64_t ncols) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < K2; ++j) {
+    const uint32_t* wj = w + j * kCols;
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wj), w1 = (__m512bh)_mm512_loadu_si512(wj + 16),
+                   w2 = (__m512bh)_mm512_loadu_si512(wj + 32), w3 = (__m512bh)_mm512_loadu_si512(wj + 48);
+    if (next != nullptr) prefetch_row(next + j * kCols);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * K2 + j]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xb, w2);
+      acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xb, w3);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) uint16_t tmp[kCols];
+    for (int v = 0; v < 4; ++v)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(tmp + 16 * v), (__m256i)_mm512_cvtneps_pbh(acc[r][v]));
+    std::memcpy(out + r * n, tmp, ncols * sizeof(uint16_t));
+  }
+}
+#endif
 
-at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t n) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be a (T, K) float32 tensor");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kFloat && packed.is_contiguous() &&
-                  packed.size(2) == kCols,
-              "packed must be a contiguous (G, K, 64) float32 tensor (pack_linear)");
-  const at::Tensor x = x_in.contiguous();
-  const int64_t T = x.size(0), K = x.size(1), G = packed.size(0);
-  TORCH_CHECK(packed.size(1) == K, "x has ", K, " features, the packed weight ", packed.size(1));
-  TORCH_CHECK(n > (G - 1) * kCols && n <= G * kCols, "n = ", n, " does not fit ", G, " groups of 64");
-  auto out = at::empty({T, n}, x.options());
-  if (T == 0 || K == 0) return out.zero_();
-  const float* xp = x.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+template <typename X, typename W, typename O>
+using BlockFn = void (*)(const X*, int64_t, const W*, const W*, O*, int64_t, int64_t);
+
+// Rows in chunks of kChunk; in each chunk the two threads take halves of the groups, and each group is
+// multiplied by the chunk's rows kRows at a time. `row` is the length of one x row and one group row
+// (in elements of X and W: k for float32, pairs of k for bfloat16).
+template <typename X, typename W, typename O>
+void run(const X* x, const W* w, O* out, int64_t T, int64_t row, int64_t G, int64_t n,
+         const BlockFn<X, W, O> (&blocks)[kRows + 1]) {
   for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
     const int64_t rows = std::min(kChunk, T - t0);
     at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
       for (int64_t g = g0; g < g1; ++g) {
-        const float* w = wp + g * K * kCols;
-        const float* next = g + 1 < g1 ? w + K * kCols : nullptr;  // this thread's next group
+        const W* group = w + g * row * kCols;
+        const W* next = g + 1 < g1 ? group + row * kCols : nullptr;  // this thread's next group
         const int64_t ncols = std::min(kCols, n - g * kCols);
         for (int64_t r = 0; r < rows; r += kRows) {
           const int R = static_cast<int>(std::min<int64_t>(kRows, rows - r));
-          kBlocks[R](xp + (t0 + r) * K, K, w, r == 0 ? next : nullptr, op + (t0 + r) * n + g * kCols, n, ncols);
+          blocks[R](x + (t0 + r) * row, row, group, r == 0 ? next : nullptr, out + (t0 + r) * n + g * kCols, n,
+                    ncols);
         }
       }
     });
   }
+}
+
+constexpr BlockFn<float, float, float> kF32Blocks[kRows + 1] = {
+    nullptr, block_f32<1>, block_f32<2>, block_f32<3>, block_f32<4>, block_f32<5>, block_f32<6>};
+#ifdef __AVX512BF16__
+constexpr BlockFn<uint32_t, uint32_t, at::BFloat16> kBf16Blocks[kRows + 1] = {
+    nullptr, block_bf16<1>, block_bf16<2>, block_bf16<3>, block_bf16<4>, block_bf16<5>, block_bf16<6>};
+#endif
+
+bool linear_is_native(at::ScalarType dtype) {
+#ifdef __AVX512F__
+  if (dtype == at::kFloat) return true;
+#endif
+#ifdef __AVX512BF16__
+  if (dtype == at::kBFloat16) return true;
+#endif
+  return false;
+}
+
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t n) {
+  TORCH_CHECK(x_in.dim() == 2, "x must be a (T, K) tensor");
+  const bool bf16 = x_in.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat || bf16, "x must be float32 or bfloat16, got ", x_in.scalar_type());
+  TORCH_CHECK(packed.scalar_type() == x_in.scalar_type() && packed.is_contiguous() &&
+                  packed.dim() == (bf16 ? 4 : 3) && packed.size(2) == kCols && (!bf16 || packed.size(3) == 2),
+              "packed must be pack_linear(W) of W in x's dtype: contiguous (G, K, 64) float32 or (G, K2, 64, 2) "
+              "bfloat16");
+  TORCH_CHECK(!bf16 || linear_is_native(at::kBFloat16), "this build has no bfloat16 linear (needs AVX-512 BF16)");
+  const int64_t T = x_in.size(0), K = x_in.size(1), G = packed.size(0);
+  const int64_t row = bf16 ? (K + 1) / 2 : K;
+  TORCH_CHECK(packed.size(1) == row, "x has ", K, " features, the packed weight ", bf16 ? 2 * packed.size(1) : packed.size(1));
+  TORCH_CHECK(n > (G - 1) * kCols && n <= G * kCols, "n = ", n, " does not fit ", G, " groups of 64");
+  auto out = at::empty({T, n}, x_in.options());
+  if (T == 0) return out;
+  if (K == 0) return out.zero_();
+  if (!bf16) {
+    const at::Tensor x = x_in.contiguous();
+    run(x.data_ptr<float>(), packed.data_ptr<float>(), out.data_ptr<float>(), T, row, G, n, kF32Blocks);
+    return out;
+  }
+#ifdef __AVX512BF16__
+  at::Tensor x = x_in.contiguous();
+  if (K % 2 != 0) x = at::constant_pad_nd(x, {0, 1});  // a zero partner for the last k
+  run(reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>()),
+      reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>()), out.data_ptr<at::BFloat16>(), T, row, G,
+      n, kBf16Blocks);
+#endif
   return out;
 }
 
 at::Tensor pack_linear(const at::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat, "w must be an (N, K) float32 tensor");
+  TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
+              "w must be an (N, K) float32 or bfloat16 tensor");
   const int64_t N = w.size(0), K = w.size(1), G = (N + kCols - 1) / kCols;
-  auto padded = at::zeros({G * kCols, K}, w.options());
-  padded.narrow(0, 0, N).copy_(w);
-  return padded.view({G, kCols, K}).transpose(1, 2).contiguous();  // (G, K, 64)
+  if (w.scalar_type() == at::kFloat) {
+    auto padded = at::zeros({G * kCols, K}, w.options());
+    padded.narrow(0, 0, N).copy_(w);
+    return padded.view({G, kCols, K}).transpose(1, 2).contiguous();  // (G, K, 64)
+  }
+  const int64_t K2 = (K + 1) / 2;
+  auto padded = at::zeros({G * kCols, 2 * K2}, w.options());
+  padded.narrow(0, 0, N).narrow(1, 0, K).copy_(w);
+  return padded.view({G, kCols, K2, 2}).permute({0, 2, 1, 3}).contiguous();  // (G, K2, 64, 2)
 }
 
 }  // namespace
@@ -123,6 +223,7 @@ at::Tensor pack_linear(const at::Tensor& w) {
 TORCH_LIBRARY_FRAGMENT(batchlm, m) {
   m.def("linear(Tensor x, Tensor packed, int n) -> Tensor");
   m.def("pack_linear(Tensor w) -> Tensor");
+  m.def("linear_is_native(ScalarType dtype) -> bool", &linear_is_native);  // no tensors: one kernel for all keys
 }
 
 TORCH_LIBRARY_IMPL(batchlm, CPU, m) {

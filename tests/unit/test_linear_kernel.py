@@ -1,6 +1,6 @@
 """torch.ops.batchlm.linear: close to a float64 reference, and each row's bits independent of the other rows
-of the call, of its register block and chunk, and of the thread count (what keeps float32 decoding
-batch-invariant bit for bit)."""
+of the call, of its register block and chunk, and of the thread count (what keeps decoding batch-invariant
+bit for bit), in float32 and, where the CPU has AVX-512 BF16, in bfloat16."""
 
 import pytest
 import torch
@@ -13,15 +13,23 @@ COLS = 64  # output columns per packed group (linear.cpp)
 @pytest.fixture(scope="module", autouse=True)
 def loaded():
     assert kernels.load(), f"kernel library not built: {kernels.library_path()} (run python -m batchlm.kernels)"
+    assert kernels.linear_is_native(torch.float32), "this CPU has no AVX-512: the float32 kernel is not vectorized"
 
 
-def weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+@pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def dtype(request):
+    if not kernels.linear_is_native(request.param):
+        pytest.skip(f"no vector code for {request.param} on this CPU")
+    return request.param
+
+
+def weight(n: int, k: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, k, generator=g) / k ** 0.5
+    return (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
 
 
-def rows(t: int, k: int, seed: int = 1) -> torch.Tensor:
-    return torch.randn(t, k, generator=torch.Generator().manual_seed(seed))
+def rows(t: int, k: int, seed: int = 1, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(t, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -37,19 +45,33 @@ def test_pack_layout_groups_64_columns_and_zero_pads_the_last():
     assert not packed[1, :, 36:].any()
 
 
+def test_bfloat16_pack_pairs_consecutive_k_and_zero_pads_an_odd_k():
+    w = weight(100, 7, dtype=torch.bfloat16)
+    packed = torch.ops.batchlm.pack_linear(w)
+    assert packed.shape == (2, 4, COLS, 2) and packed.dtype == torch.bfloat16 and packed.is_contiguous()
+    for n in (0, 63, 64, 99):
+        assert torch.equal(packed[n // COLS, :, n % COLS].reshape(-1)[:7], w[n])
+        assert packed[n // COLS, 3, n % COLS, 1] == 0
+    assert not packed[1, :, 36:].any()
+
+
 @pytest.mark.parametrize("n,k", [(768, 512), (512, 1408), (100, 37), (64, 1), (130, 3)])
 @pytest.mark.parametrize("t", [1, 5, 6, 7, 40, 97, 200])
-def test_matches_the_float64_product(n, k, t):
-    w, x = weight(n, k), rows(t, k)
+def test_matches_the_float64_product(dtype, n, k, t):
+    w, x = weight(n, k, dtype=dtype), rows(t, k, dtype=dtype)
     out = linear(x, w)
-    assert out.shape == (t, n) and out.dtype == torch.float32
-    torch.testing.assert_close(out.double(), x.double() @ w.double().T, atol=1e-5 * k ** 0.5, rtol=1e-5)
+    assert out.shape == (t, n) and out.dtype == dtype
+    ref = x.double() @ w.double().T  # the exact product of the inputs as given
+    if dtype is torch.float32:
+        torch.testing.assert_close(out.double(), ref, atol=1e-5 * k ** 0.5, rtol=1e-5)
+    else:  # float32 sums, then one rounding to bfloat16 (8 bits: 2^-8 relative)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5 * k ** 0.5, rtol=2 ** -8)
 
 
-@pytest.mark.parametrize("n,k", [(512, 1408), (200, 512)])
-def test_a_rows_bits_do_not_depend_on_the_rest_of_the_call(n, k):
+@pytest.mark.parametrize("n,k", [(512, 1408), (200, 511)])
+def test_a_rows_bits_do_not_depend_on_the_rest_of_the_call(dtype, n, k):
     """Alone, at every offset of a 6-row block and of a 96-row chunk, and with 1 or 2 threads."""
-    w, x = weight(n, k), rows(203, k)
+    w, x = weight(n, k, dtype=dtype), rows(203, k, dtype=dtype)
     packed = torch.ops.batchlm.pack_linear(w)
     alone = torch.cat([torch.ops.batchlm.linear(x[i:i + 1], packed, n) for i in range(len(x))])
     for t in (2, 6, 7, 40, 96, 97, 203):
@@ -73,8 +95,10 @@ def test_non_contiguous_rows_and_empty_calls():
 def test_bad_inputs_are_refused_with_what_is_wrong():
     w = weight(70, 33)
     packed = torch.ops.batchlm.pack_linear(w)
-    with pytest.raises(RuntimeError, match="float32"):
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         torch.ops.batchlm.linear(rows(2, 33).double(), packed, 70)
+    with pytest.raises(RuntimeError, match="pack_linear"):  # x in bfloat16, the weight packed in float32
+        torch.ops.batchlm.linear(rows(2, 33, dtype=torch.bfloat16), packed, 70)
     with pytest.raises(RuntimeError, match="features"):
         torch.ops.batchlm.linear(rows(2, 32), packed, 70)
     with pytest.raises(RuntimeError, match="groups of 64"):

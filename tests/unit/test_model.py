@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from batchlm import attention
+from batchlm import attention, kernels
 from batchlm.attention import group_by_length
 from batchlm.checkpoint import SafetensorsCheckpoint, load_model, write_default_checkpoint
 from batchlm.errors import InvalidArgument
@@ -163,8 +163,13 @@ def greedy_alone(model, prompt: list[int], steps: int, seed: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def default_model(tmp_path_factory):
-    return load_model(write_default_checkpoint(tmp_path_factory.mktemp("default"), seed=0))
+def default_dir(tmp_path_factory):
+    return write_default_checkpoint(tmp_path_factory.mktemp("default"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def default_model(default_dir):
+    return load_model(default_dir)
 
 
 def test_ragged_batch_gives_each_sequence_its_greedy_tokens_alone(default_model):
@@ -191,17 +196,22 @@ def test_ragged_batch_gives_each_sequence_its_greedy_tokens_alone(default_model)
 
 def test_the_linear_kernel_is_refused_where_it_cannot_run(small_dir):
     with pytest.raises(InvalidArgument) as err:
-        load_model(small_dir, dtype=torch.bfloat16, linear="kernel")
+        load_model(small_dir, dtype=torch.float16, linear="kernel")
     assert err.value.field == "linear"
-    assert load_model(small_dir, dtype=torch.bfloat16).linear_backend == "onednn"  # auto: oneDNN there
+    expected = "kernel" if kernels.linear_is_native(torch.bfloat16) else "onednn"
+    assert load_model(small_dir, dtype=torch.bfloat16).linear_backend == expected  # auto
 
 
-def test_float32_logits_are_bit_identical_alone_and_batched(default_model):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_logits_are_bit_identical_alone_and_batched(default_dir, dtype):
     """With both native kernels, a sequence's logits do not depend on what shares its step, to the bit."""
+    if not kernels.linear_is_native(dtype):
+        pytest.skip(f"no vector linear kernel for {dtype} on this CPU")
+    default_model = load_model(default_dir, dtype=dtype)
     assert default_model.linear_backend == "kernel" and default_model.attention_kernel
     rng = random.Random(3)
     prompts = [[1] + [rng.randrange(3, 8192) for _ in range(n)] for n in (4, 11, 7, 2, 9, 6, 13)]
-    cache = KVCache(default_model.config, num_blocks=64, block_size=4)
+    cache = KVCache(default_model.config, num_blocks=64, block_size=4, dtype=dtype)
     pool = shuffled_pool(64, 6)
     alone = []
     for p in prompts:  # each prompt alone, then one decode step alone
@@ -327,7 +337,8 @@ def test_bench_forward_times_decode_and_prefill_per_batch_size():
     lines = [line for line in proc.stdout.splitlines() if line.startswith("batch")]
     assert len(lines) == 2 and all("ms/step" in line and "per prompt token" in line for line in lines), proc.stdout
     assert "GFLOP/s" in proc.stdout.splitlines()[0], proc.stdout  # the matmul's rate first
-    assert "linears: onednn" in proc.stdout.splitlines(), proc.stdout  # bfloat16: the kernel is float32 only
+    expected = "kernel" if kernels.linear_is_native(torch.bfloat16) else "onednn"
+    assert f"linears: {expected}" in proc.stdout.splitlines(), proc.stdout
     split = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
     assert [line.split(":")[0] for line in split] == ["decode", "prefill"] * 2, proc.stdout
     for line in split:  # linears (with their rate), attention and the rest, each a positive time
