@@ -26,8 +26,9 @@ class EngineConfig:
     num_threads: int = 2                  # torch intra-op threads; 0 = leave torch's setting alone
     attention: str = "auto"               # "kernel" (native CPU op, batch-invariant), "torch" (SDPA),
                                           # "auto": the kernel where it is built and can run
-    linear: str = "auto"                  # "kernel" (native CPU op, float32, batch-invariant), "onednn"
-                                          # (packed oneDNN matmul), "auto": the kernel where it can run
+    linear: str = "auto"                  # "kernel" (native CPU op, batch-invariant; float32 on AVX-512,
+                                          # bfloat16 on AVX-512 BF16), "onednn" (packed oneDNN matmul),
+                                          # "auto": the kernel where it has vector code
     block_size: int = 16                  # token slots per KV block
     num_kv_blocks: int = 512              # KV blocks in total (512 x 16 = 8 rows x 1024 tokens)
     max_num_seqs: int = 8                 # sequences in one forward pass at most

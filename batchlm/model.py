@@ -248,7 +248,8 @@ class LlamaForCausalLM(nn.Module):
         """CPU: move every Linear to a packed weight (Linear.prepack; "auto", "kernel" or "onednn").
 
         Returns how many moved. Call after loading; packed weights are no longer loadable. "kernel" raises
-        InvalidArgument("linear") where batchlm::linear cannot run (not CPU float32, or not built).
+        InvalidArgument("linear") where batchlm::linear has no vector code for the model (not on CPU, not
+        built, or no AVX-512 / AVX-512 BF16 for the dtype: kernels.linear_is_native).
         """
         if backend not in LINEAR_BACKENDS:
             raise InvalidArgument("linear", f"must be one of {LINEAR_BACKENDS}, got {backend!r}")

@@ -76,11 +76,12 @@ PY
   fi
 fi
 
-# 3. The native CPU attention kernel (batchlm/kernels, ~15 s with g++; rebuilt only when its source,
-#    torch or the CPU changes). Without it the engine falls back to torch's SDPA and the kernel tests fail.
+# 3. The native CPU kernels, attention and matmul (batchlm/kernels, ~20 s with g++; rebuilt only when a
+#    source, torch or the CPU changes). Without them the engine falls back to torch's SDPA and oneDNN's
+#    matmul, and the kernel tests fail.
 mkdir -p "$root/.cache"
 if ! "$venv/bin/python" -m batchlm.kernels 2>"$root/.cache/kernel-build.log"; then
-  log "WARNING: the attention kernel did not build (see .cache/kernel-build.log); serving uses the torch path"
+  log "WARNING: the native kernels did not build (see .cache/kernel-build.log); serving uses the torch path"
 fi
 
 # 4. The default model: generated locally and deterministically, never downloaded.

@@ -3,8 +3,9 @@
     python -m batchlm.kernels        # build (scripts/setup.sh does this), then load and print the op names
 
 `load()` registers `torch.ops.batchlm.paged_attention`, `.linear`, `.pack_linear` and `.linear_is_native`
-(see paged_attention.cpp and linear.cpp for their contracts) if the library was built for this exact source, torch version, compiler flags and CPU; it never compiles, so a
-server process never waits on a compiler. Callers fall back to the torch path when it returns False.
+(see paged_attention.cpp and linear.cpp for their contracts) if the library was built for this exact
+source, torch version, compiler flags and CPU; it never compiles, so a server process never waits on a
+compiler. Callers fall back to the torch path when it returns False.
 The library goes to `batchlm/kernels/build/` (ignored by git), one file per key, so a stale build is never
 loaded: a changed source or a different CPU gets a new file name.
 """

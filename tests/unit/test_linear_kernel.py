@@ -13,13 +13,13 @@ COLS = 64  # output columns per packed group (linear.cpp)
 @pytest.fixture(scope="module", autouse=True)
 def loaded():
     assert kernels.load(), f"kernel library not built: {kernels.library_path()} (run python -m batchlm.kernels)"
-    assert kernels.linear_is_native(torch.float32), "this CPU has no AVX-512: the float32 kernel is not vectorized"
 
 
 @pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def dtype(request):
-    if not kernels.linear_is_native(request.param):
-        pytest.skip(f"no vector code for {request.param} on this CPU")
+    """float32 always runs (without AVX-512, the kernel's scalar loop); bfloat16 needs AVX-512 BF16."""
+    if request.param is torch.bfloat16 and not kernels.linear_is_native(request.param):
+        pytest.skip("no AVX-512 BF16 on this CPU: bfloat16 linears go through oneDNN")
     return request.param
 
 
