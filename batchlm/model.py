@@ -57,27 +57,20 @@ class Linear(nn.Module):
         super().__init__()
         self.out_features = out_features
         self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features))
-        self.packed: torch.Tensor | None = None  # oneDNN layout
-        self.kernel_packed: torch.Tensor | None = None  # batchlm::pack_linear layout
+        self.packed: torch.Tensor | None = None  # the weight in `backend`'s layout once prepacked
+        self.backend = "dense"  # what forward multiplies with: "kernel", "onednn" or "dense"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel_packed is not None:
-            return torch.ops.batchlm.linear(x, self.kernel_packed, self.out_features)  # (T, in) -> (T, out)
+        if self.backend == "kernel":
+            return torch.ops.batchlm.linear(x, self.packed, self.out_features)  # (T, in) -> (T, out)
         if x.dtype is torch.float32 or x.shape[0] <= ROWS_PER_CALL:
             return self._matmul(x)  # (T, in) -> (T, out)
         return torch.cat([self._matmul(rows) for rows in x.split(ROWS_PER_CALL)])  # (T, out)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
+        if self.backend == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")  # (T, out)
         return F.linear(x, self.weight)  # (T, in) -> (T, out)
-
-    @property
-    def backend(self) -> str:
-        """"kernel", "onednn" or "dense": what forward multiplies with."""
-        if self.kernel_packed is not None:
-            return "kernel"
-        return "onednn" if self.packed is not None else "dense"
 
     def prepack(self, backend: str = "auto") -> bool:
         """Switch to a packed weight ("auto", "kernel" or "onednn", see the class); True if it did.
@@ -88,16 +81,15 @@ class Linear(nn.Module):
         if w is None or w.device.type != "cpu":
             return False
         if backend in ("auto", "kernel") and kernels.linear_is_native(w.dtype):
-            self.kernel_packed = torch.ops.batchlm.pack_linear(w.detach())
-            self.weight = None
+            self.packed, self.backend, self.weight = torch.ops.batchlm.pack_linear(w.detach()), "kernel", None
             return True
         if backend == "kernel" or w.dtype not in PACKED_DTYPES or not _onednn_linear_available():
             return False
         try:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_FOR_ROWS)
+            packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_FOR_ROWS)
         except RuntimeError:  # a oneDNN build that cannot pack this shape: stay dense
             return False
-        self.weight = None
+        self.packed, self.backend, self.weight = packed, "onednn", None
         return True
 
 

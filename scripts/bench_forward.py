@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchlm.checkpoint import load_model  # noqa: E402
+from batchlm.engine_config import LINEAR_BACKENDS  # noqa: E402
 from batchlm.forward_batch import ForwardBatch  # noqa: E402
 from batchlm.kv_cache import KVCache  # noqa: E402
 
@@ -119,7 +120,7 @@ def main() -> int:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--prompt-len", type=int, default=0, help="also time a prefill of this many tokens a prompt")
     ap.add_argument("--profile", action="store_true", help="split each forward into linears, attention, rest")
-    ap.add_argument("--linear", choices=("auto", "kernel", "onednn"), default="auto", help="packed matmul")
+    ap.add_argument("--linear", choices=LINEAR_BACKENDS, default="auto", help="packed matmul")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from batchlm import attention  # noqa: E402
 from batchlm.batch_generator import BatchGenerator  # noqa: E402
 from batchlm.engine import LLMEngine  # noqa: E402
-from batchlm.engine_config import EngineConfig  # noqa: E402
+from batchlm.engine_config import LINEAR_BACKENDS, EngineConfig  # noqa: E402
 from batchlm.sampling import SamplingParams  # noqa: E402
 from client.workload import WorkloadSpec, build_requests  # noqa: E402
 
@@ -78,7 +78,7 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=128)
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: the device's default)")
     p.add_argument("--attention", default="auto", choices=("auto", "kernel", "torch"))
-    p.add_argument("--linear", default="auto", choices=("auto", "kernel", "onednn"))
+    p.add_argument("--linear", default="auto", choices=LINEAR_BACKENDS)
     p.add_argument("--decode-groups", type=int, default=attention.MAX_DECODE_GROUPS)
     p.add_argument("--same-kv-seqs", type=int, default=0,
                    help="also continuous batching with this many sequences at most on the same KV blocks")
