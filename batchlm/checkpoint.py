@@ -156,12 +156,12 @@ def train_tokenizer(seed: int, vocab_size: int):
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None, attention: str = "auto",
-               linear: str = "auto") -> LlamaForCausalLM:
+               linear: str = "auto", pointwise: str = "auto") -> LlamaForCausalLM:
     """Load a Llama-family HF checkpoint from local disk, in eval mode; `.config` is its ModelConfig.
 
     dtype None means float32 on CPU and bfloat16 elsewhere. Weights are converted on copy.
     `attention` picks the attention path (LlamaForCausalLM.set_attention), `linear` the packed matmul
-    (LlamaForCausalLM.prepack_linears).
+    (LlamaForCausalLM.prepack_linears), `pointwise` the element-wise ops (LlamaForCausalLM.set_pointwise).
     """
     config = ModelConfig.from_dir(model_dir)
     device = torch.device(device)
@@ -171,6 +171,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     model.load_hf_state_dict(SafetensorsCheckpoint(model_dir))
     model.prepack_linears(linear)  # no-op off CPU
     model.set_attention(attention)
+    model.set_pointwise(pointwise)
     return model
 
 

@@ -15,6 +15,7 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "kernel", "torch")
 LINEAR_BACKENDS = ("auto", "kernel", "onednn")
+POINTWISE_BACKENDS = ("auto", "kernel", "torch")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -29,6 +30,9 @@ class EngineConfig:
     linear: str = "auto"                  # "kernel" (native CPU op, batch-invariant; float32 on AVX-512,
                                           # bfloat16 on AVX-512 BF16), "onednn" (packed oneDNN matmul),
                                           # "auto": the kernel where it has vector code
+    pointwise: str = "auto"               # RMSNorm, SiLU-and-multiply, RoPE and the KV write: "kernel"
+                                          # (native CPU ops, one pass each), "torch" (torch's ops),
+                                          # "auto": the kernels where they are built and can run
     block_size: int = 16                  # token slots per KV block
     num_kv_blocks: int = 512              # KV blocks in total (512 x 16 = 8 rows x 1024 tokens)
     max_num_seqs: int = 8                 # sequences in one forward pass at most
@@ -51,6 +55,8 @@ class EngineConfig:
             raise InvalidArgument("attention", f"must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
         if self.linear not in LINEAR_BACKENDS:
             raise InvalidArgument("linear", f"must be one of {LINEAR_BACKENDS}, got {self.linear!r}")
+        if self.pointwise not in POINTWISE_BACKENDS:
+            raise InvalidArgument("pointwise", f"must be one of {POINTWISE_BACKENDS}, got {self.pointwise!r}")
         _require_int("num_threads", self.num_threads, minimum=0)
         _require_int("admit_headroom_blocks", self.admit_headroom_blocks, minimum=0)
         for name in ("block_size", "num_kv_blocks", "max_num_seqs",

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from batchlm import kernels
 from batchlm.attention import AttentionMetadata, attend, write_kv
-from batchlm.engine_config import ATTENTION_BACKENDS, LINEAR_BACKENDS
+from batchlm.engine_config import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS
 from batchlm.errors import InvalidArgument
 from batchlm.forward_batch import ForwardBatch
 from batchlm.kv_cache import KVCache
@@ -29,9 +29,19 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.native = False  # batchlm::rms_norm instead of torch's ops (LlamaForCausalLM.set_pointwise)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native:
+            return torch.ops.batchlm.rms_norm(x, self.weight, self.eps)  # (T, D)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # (T, D)
+
+    def add_forward(self, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + r, the norm of x + r), both (T, D): the residual stream and what the next block reads."""
+        if self.native:
+            return torch.ops.batchlm.add_rms_norm(x, r, self.weight, self.eps)  # (T, D) each
+        h = x + r  # (T, D)
+        return h, self(h)
 
 
 class Linear(nn.Module):
@@ -119,6 +129,7 @@ class Attention(nn.Module):
         self.H, self.KVH, self.hd = config.num_heads, config.num_kv_heads, config.head_dim
         self.qkv_proj = Linear(config.hidden_size, (self.H + 2 * self.KVH) * self.hd)
         self.o_proj = Linear(self.H * self.hd, config.hidden_size)
+        self.native = False  # batchlm::rope_write_kv instead of apply_rope and write_kv (set_pointwise)
 
     def forward(self, x: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata, keep: RowsKept | None = None) -> torch.Tensor:
@@ -127,9 +138,13 @@ class Attention(nn.Module):
         T = x.shape[0]
         H, KVH = self.H, self.KVH
         qkv = self.qkv_proj(x).view(T, H + 2 * KVH, self.hd)  # (T, H + 2KVH, hd)
-        qk = apply_rope(qkv[:, :H + KVH], rope)  # (T, H + KVH, hd): q and k rotated together
-        q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KVH:]  # (T, H, hd), (T, KVH, hd), (T, KVH, hd)
-        write_kv(k, v, k_cache, v_cache, meta)
+        if self.native:  # one pass: rotate q and k, store k and v in their slots
+            q = torch.ops.batchlm.rope_write_kv(qkv, rope.cos, rope.sin, k_cache, v_cache,
+                                                meta.slot_mapping)  # (T, H, hd)
+        else:
+            qk = apply_rope(qkv[:, :H + KVH], rope)  # (T, H + KVH, hd): q and k rotated together
+            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KVH:]  # (T, H, hd), (T, KVH, hd), (T, KVH, hd)
+            write_kv(k, v, k_cache, v_cache, meta)
         if keep is not None:
             q, meta = q[keep.rows], keep.meta  # (S, H, hd)
         out = attend(q, k_cache, v_cache, meta)  # (T or S, H, hd)
@@ -141,9 +156,13 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.native = False  # batchlm::silu_mul instead of torch's ops (LlamaForCausalLM.set_pointwise)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
+        gate_up = self.gate_up_proj(x)  # (T, 2I)
+        if self.native:
+            return self.down_proj(torch.ops.batchlm.silu_mul(gate_up))  # (T, D)
+        gate, up = gate_up.chunk(2, dim=-1)  # (T, I) each
         return self.down_proj(F.silu(gate) * up)  # (T, D)
 
 
@@ -159,8 +178,8 @@ class DecoderLayer(nn.Module):
                 meta: AttentionMetadata, keep: RowsKept | None = None) -> torch.Tensor:
         """(T, D) -> (T, D), or (S, D) for the kept rows only (see Attention.forward)."""
         attn = self.self_attn(self.input_layernorm(h), rope, k_cache, v_cache, meta, keep)  # (T or S, D)
-        h = (h if keep is None else h[keep.rows]) + attn  # (T or S, D)
-        return h + self.mlp(self.post_attention_layernorm(h))  # (T or S, D)
+        h, normed = self.post_attention_layernorm.add_forward(h if keep is None else h[keep.rows], attn)
+        return h + self.mlp(normed)  # (T or S, D)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -184,6 +203,10 @@ class LlamaForCausalLM(nn.Module):
         self.attention_kernel = False  # set_attention: the native kernel instead of SDPA
         self.eval()
 
+    def _kernels_usable(self) -> bool:
+        """The native attention and element-wise ops can run: CPU, float32 or bfloat16, library built."""
+        return self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and kernels.load()
+
     def set_attention(self, backend: str) -> str:
         """Choose the attention path; returns the one in use ("kernel" or "torch").
 
@@ -193,13 +216,36 @@ class LlamaForCausalLM(nn.Module):
         """
         if backend not in ATTENTION_BACKENDS:
             raise InvalidArgument("attention", f"must be one of {ATTENTION_BACKENDS}, got {backend!r}")
-        usable = (self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
-                  and kernels.load())
+        usable = self._kernels_usable()
         if backend == "kernel" and not usable:
             raise InvalidArgument("attention", "the batchlm kernel needs a CPU model in float32 or bfloat16 "
                                   "and a built library (python -m batchlm.kernels)")
         self.attention_kernel = usable and backend != "torch"
         return "kernel" if self.attention_kernel else "torch"
+
+    def set_pointwise(self, backend: str) -> str:
+        """Choose the element-wise path of every layer; returns the one in use ("kernel" or "torch").
+
+        "kernel": batchlm::rms_norm, add_rms_norm, silu_mul and rope_write_kv (batchlm/kernels/pointwise.cpp;
+        CPU, float32/bfloat16, built by batchlm.kernels); raises InvalidArgument("pointwise") if they cannot
+        run here. "torch": torch's ops. "auto": the kernels wherever they can run.
+        """
+        if backend not in POINTWISE_BACKENDS:
+            raise InvalidArgument("pointwise", f"must be one of {POINTWISE_BACKENDS}, got {backend!r}")
+        usable = self._kernels_usable()
+        if backend == "kernel" and not usable:
+            raise InvalidArgument("pointwise", "the batchlm element-wise kernels need a CPU model in float32 "
+                                  "or bfloat16 and a built library (python -m batchlm.kernels)")
+        native = usable and backend != "torch"
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, Attention, MLP)):
+                m.native = native
+        return "kernel" if native else "torch"
+
+    @property
+    def pointwise_backend(self) -> str:
+        """What the element-wise ops run on: "kernel" or "torch" (set_pointwise)."""
+        return "kernel" if self.norm.native else "torch"
 
     @property
     def device(self) -> torch.device:

@@ -3,7 +3,7 @@
 
     python scripts/bench_forward.py [--model models/default] [--context 128] [--threads 2]
                                     [--batch-sizes 1,2,4,8,16] [--dtype float32|bfloat16] [--prompt-len 0]
-                                    [--profile] [--linear auto|kernel|onednn]
+                                    [--profile] [--linear auto|kernel|onednn] [--pointwise auto|kernel|torch]
 
 Prints ms per step and tokens/s per batch size, and the batch-8 / batch-1 tokens/s ratio; with
 --prompt-len L also one prefill forward of each batch size's prompts (L tokens each) and its cost per
@@ -11,7 +11,8 @@ prompt token. Reports the 20th-percentile step time, which is robust to other pr
 `--profile` splits each forward (torch.profiler, self CPU time) into the linears, attention and the
 rest, gives the linears' GFLOP/s, and first times a 1024 x 1024 x 1024 matmul in the same dtype: how
 close the linears run to what this CPU's matmul can do. `--linear` picks the packed matmul
-(LlamaForCausalLM.prepack_linears): the batchlm kernel or oneDNN, to compare the two.
+(LlamaForCausalLM.prepack_linears): the batchlm kernel or oneDNN, to compare the two; `--pointwise` the
+element-wise ops (LlamaForCausalLM.set_pointwise): the batchlm kernels or torch's.
 """
 
 import argparse
@@ -23,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchlm.checkpoint import load_model  # noqa: E402
-from batchlm.engine_config import LINEAR_BACKENDS  # noqa: E402
+from batchlm.engine_config import LINEAR_BACKENDS, POINTWISE_BACKENDS  # noqa: E402
 from batchlm.forward_batch import ForwardBatch  # noqa: E402
 from batchlm.kv_cache import KVCache  # noqa: E402
 
@@ -121,10 +122,11 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=0, help="also time a prefill of this many tokens a prompt")
     ap.add_argument("--profile", action="store_true", help="split each forward into linears, attention, rest")
     ap.add_argument("--linear", choices=LINEAR_BACKENDS, default="auto", help="packed matmul")
+    ap.add_argument("--pointwise", choices=POINTWISE_BACKENDS, default="auto", help="element-wise ops")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    model = load_model(args.model, dtype=dtype, linear=args.linear)
+    model = load_model(args.model, dtype=dtype, linear=args.linear, pointwise=args.pointwise)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     block_size = 16
     tokens = max(args.context, args.prompt_len)
@@ -133,6 +135,7 @@ def main() -> int:
     if args.profile:
         print(f"matmul 1024^3 {args.dtype}: {matmul_peak(dtype):.0f} GFLOP/s")
     print(f"linears: {model.linear_backend}")
+    print(f"element-wise ops: {model.pointwise_backend}")
     ms = {}
     for s in sizes:
         decode = decode_batch(s, args.context, block_size)

@@ -1,7 +1,8 @@
 """What a step costs in process: decode-only steps against steps that also prefill, per strategy.
 
     python scripts/step_costs.py [--num-requests 128] [--dtype bfloat16] [--attention auto|kernel|torch]
-                                 [--linear auto|kernel|onednn] [--decode-groups 4] [--same-kv-seqs 64]
+                                 [--linear auto|kernel|onednn] [--pointwise auto|kernel|torch]
+                                 [--decode-groups 4] [--same-kv-seqs 64]
 
 Runs the seeded workload (client.workload) through the engine on this thread: request-level
 (BatchGenerator, batches of 8 in arrival order, finished rows kept as padding), continuous (every
@@ -13,7 +14,8 @@ decode-only steps (every scheduled sequence feeds one token) and of steps that a
 and the share of the run spent in the latter; then each continuous run's saturated ratio to
 request-level. `--attention torch` uses SDPA instead of the native kernel; with it, `--decode-groups 1`
 pads all decode queries to one length (batchlm.attention). `--linear onednn` multiplies with oneDNN
-instead of the batchlm linear kernel (EngineConfig.linear).
+instead of the batchlm linear kernel (EngineConfig.linear), `--pointwise torch` runs the element-wise ops
+with torch's instead of the batchlm kernels (EngineConfig.pointwise).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from batchlm import attention  # noqa: E402
 from batchlm.batch_generator import BatchGenerator  # noqa: E402
 from batchlm.engine import LLMEngine  # noqa: E402
-from batchlm.engine_config import LINEAR_BACKENDS, EngineConfig  # noqa: E402
+from batchlm.engine_config import LINEAR_BACKENDS, POINTWISE_BACKENDS, EngineConfig  # noqa: E402
 from batchlm.sampling import SamplingParams  # noqa: E402
 from client.workload import WorkloadSpec, build_requests  # noqa: E402
 
@@ -79,6 +81,7 @@ def main() -> None:
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: the device's default)")
     p.add_argument("--attention", default="auto", choices=("auto", "kernel", "torch"))
     p.add_argument("--linear", default="auto", choices=LINEAR_BACKENDS)
+    p.add_argument("--pointwise", default="auto", choices=POINTWISE_BACKENDS)
     p.add_argument("--decode-groups", type=int, default=attention.MAX_DECODE_GROUPS)
     p.add_argument("--same-kv-seqs", type=int, default=0,
                    help="also continuous batching with this many sequences at most on the same KV blocks")
@@ -86,7 +89,7 @@ def main() -> None:
     attention.MAX_DECODE_GROUPS = args.decode_groups
     requests = build_requests(WorkloadSpec(num_requests=args.num_requests))
     model_dir = ROOT / "models" / "default"
-    config = EngineConfig(dtype=args.dtype, attention=args.attention, linear=args.linear)
+    config = EngineConfig(dtype=args.dtype, attention=args.attention, linear=args.linear, pointwise=args.pointwise)
     batches_of_8 = [requests[i:i + 8] for i in range(0, len(requests), 8)]
     rows = {
         "request-level (8 per batch)": measure(BatchGenerator.from_dir(model_dir, config).engine, batches_of_8,

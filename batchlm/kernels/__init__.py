@@ -2,8 +2,9 @@
 
     python -m batchlm.kernels        # build (scripts/setup.sh does this), then load and print the op names
 
-`load()` registers `torch.ops.batchlm.paged_attention`, `.linear`, `.pack_linear` and `.linear_is_native`
-(see paged_attention.cpp and linear.cpp for their contracts) if the library was built for this exact
+`load()` registers `torch.ops.batchlm.paged_attention`, `.linear`, `.pack_linear`, `.linear_is_native`,
+`.rms_norm`, `.add_rms_norm`, `.silu_mul` and `.rope_write_kv` (see paged_attention.cpp, linear.cpp and
+pointwise.cpp for their contracts) if the library was built for this exact
 source, torch version, compiler flags and CPU; it never compiles, so a server process never waits on a
 compiler. Callers fall back to the torch path when it returns False.
 The library goes to `batchlm/kernels/build/` (ignored by git), one file per key, so a stale build is never
@@ -24,7 +25,8 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "paged_attention.cpp", HERE / "linear.cpp")
+SOURCES = (HERE / "paged_attention.cpp", HERE / "linear.cpp", HERE / "pointwise.cpp")
+HEADERS = (HERE / "scalar_math.h",)  # included by the sources: part of the library's key, not compiled alone
 BUILD_DIR = HERE / "build"
 # NOTE: -march=native: the library is built on the machine that runs it (set-up), and its file name
 # carries the CPU's model and flags. No -ffast-math: the kernels' sums must keep their written order.
@@ -55,7 +57,7 @@ def _compile_command(out: Path) -> list[str]:
 def library_path() -> Path:
     """Where the library for this source, torch, flags and CPU lives (built or not)."""
     h = hashlib.sha256()
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         h.update(src.read_bytes())
     h.update(torch.__version__.encode())
     h.update(" ".join(CXXFLAGS).encode())

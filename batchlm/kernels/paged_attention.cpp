@@ -32,24 +32,15 @@
 #include <cstring>
 #include <vector>
 
+#include "scalar_math.h"
+
 namespace {
 
 constexpr int kLanes = 16;
 
-inline float bf16_to_float(uint16_t x) {
-  uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch does (NaN kept quiet)
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
+using batchlm::bf16_to_float;
+using batchlm::exp_nonpositive;
+using batchlm::float_to_bf16;
 
 template <typename T>
 inline void load_row(const T* src, float* dst, int64_t n);
@@ -95,36 +86,20 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return combine(acc);
 }
 
-// exp(x) for x <= 0 to about 2 ulp: x = n ln2 + r, |r| <= ln2 / 2, degree-6 polynomial, times 2^n.
-// Written without branches on the data so that the compiler vectorizes the loops that call it.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = x - n * 0.693145751953125f;
-  r = r - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, sizeof(scale));
-  return p * scale;
-}
-
 #ifndef PREFETCH_BLOCKS
-#define PREFETCH_BLOCKS 2
+#define PREFETCH_BLOCKS 4
 #endif
 constexpr int64_t kPrefetchBlocks = PREFETCH_BLOCKS;
 
-// Ask for the cache lines of n elements from p on (a hint: no effect on results).
+// Ask for the cache lines of n elements from p on, into L2 (a hint: no effect on results). Into L2 rather than
+// L1: a sequence's values are asked for during its score pass and read after it, 48 KB at a 190-token
+// context, more than L1 holds. Measured in session 16 (a decode step's attention over 8 layers, caches
+// flushed between layers as the weights flush them, 40 sequences at ~190 tokens): 3.9 ms against 4.6 ms
+// with prefetches into L1 two blocks ahead; at 8 sequences 0.95 against 1.2 ms.
 template <typename T>
 inline void prefetch(const T* p, int64_t n) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off, 0, 3);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off, 0, 1);
 }
 
 template <typename T>

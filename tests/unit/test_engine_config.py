@@ -17,7 +17,7 @@ def test_defaults():
     ("device", "tpu"), ("dtype", "int8"), ("num_threads", -1), ("block_size", 0),
     ("num_kv_blocks", 0), ("max_num_seqs", 0), ("max_num_batched_tokens", 0),
     ("max_model_len", 0), ("enable_chunked_prefill", "yes"), ("max_num_seqs", 2.5),
-    ("attention", "flash"), ("linear", "mkl"),
+    ("attention", "flash"), ("linear", "mkl"), ("pointwise", "fused"),
 ])
 def test_invalid_field_is_named(field, value):
     with pytest.raises(InvalidArgument) as err:

@@ -25,15 +25,16 @@ def small_dir(tmp_path_factory):
     return write_default_checkpoint(tmp_path_factory.mktemp("small"), seed=1, **SMALL)
 
 
-@pytest.fixture(scope="module", params=[("kernel", "kernel"), ("torch", "onednn")], ids=["kernels", "torch"])
+@pytest.fixture(scope="module", params=[("kernel", "kernel", "kernel"), ("torch", "onednn", "torch")],
+                ids=["kernels", "torch"])
 def small(small_dir, request):
-    """Both attention paths and both packed matmuls: the native kernels (built by set-up; a missing build
-    fails here), and SDPA with oneDNN."""
-    attention, linear = request.param
+    """Both attention paths, both packed matmuls and both element-wise paths: the native kernels (built by
+    set-up; a missing build fails here), and SDPA with oneDNN and torch's element-wise ops."""
+    attention, linear, pointwise = request.param
     if linear == "kernel" and not kernels.linear_is_native(torch.float32):
         pytest.skip("no AVX-512 on this CPU: the engine's linears go through oneDNN here")
-    model = load_model(small_dir, attention=attention, linear=linear)
-    assert model.linear_backend == linear
+    model = load_model(small_dir, attention=attention, linear=linear, pointwise=pointwise)
+    assert model.linear_backend == linear and model.pointwise_backend == pointwise
     return model
 
 
@@ -204,13 +205,24 @@ def test_the_linear_kernel_is_refused_where_it_cannot_run(small_dir):
     assert load_model(small_dir, dtype=torch.bfloat16).linear_backend == expected  # auto
 
 
+def test_the_pointwise_kernels_are_refused_where_they_cannot_run(small_dir):
+    with pytest.raises(InvalidArgument) as err:
+        load_model(small_dir, dtype=torch.float16, pointwise="kernel")
+    assert err.value.field == "pointwise"
+    with pytest.raises(InvalidArgument) as err:
+        load_model(small_dir, pointwise="fused")
+    assert err.value.field == "pointwise"
+    assert load_model(small_dir, dtype=torch.float16).pointwise_backend == "torch"  # auto
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_logits_are_bit_identical_alone_and_batched(default_dir, dtype):
-    """With both native kernels, a sequence's logits do not depend on what shares its step, to the bit."""
+    """With the native kernels, a sequence's logits do not depend on what shares its step, to the bit."""
     if not kernels.linear_is_native(dtype):
         pytest.skip(f"no vector linear kernel for {dtype} on this CPU")
     default_model = load_model(default_dir, dtype=dtype)
     assert default_model.linear_backend == "kernel" and default_model.attention_kernel
+    assert default_model.pointwise_backend == "kernel"
     rng = random.Random(3)
     prompts = [[1] + [rng.randrange(3, 8192) for _ in range(n)] for n in (4, 11, 7, 2, 9, 6, 13)]
     cache = KVCache(default_model.config, num_blocks=64, block_size=4, dtype=dtype)

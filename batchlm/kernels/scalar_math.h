@@ -1,0 +1,46 @@
+// Scalar helpers shared by the kernels: bfloat16 <-> float32 and exp for arguments <= 0.
+// Written without branches on the data, so that the compiler vectorizes the loops that call them.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace batchlm {
+
+inline float bf16_to_float(uint16_t x) {
+  uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch does (NaN kept quiet)
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// exp(x) for x <= 0 to about 2 ulp: x = n ln2 + r, |r| <= ln2 / 2, degree-6 polynomial, times 2^n.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.42860682030941723212e-6f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return p * scale;
+}
+
+}  // namespace batchlm
