@@ -106,6 +106,7 @@ def main() -> None:
                                                     attention=args.attention))
     args.attention_used = "kernel" if parts[0].attention_kernel else "torch"
     args.linear_used = parts[0].linear_backend
+    args.pointwise_used = parts[0].pointwise_backend
     rows = []
     for batch in args.batches:
         seconds = best(lambda: time_decode(parts, args, batch), args.repeats)
@@ -121,7 +122,7 @@ def main() -> None:
     if args.json_path:
         result = {"model_dir": str(model_dir), "threads": args.threads,
                   "dtype": EngineConfig(dtype=args.dtype).resolved_dtype, "attention": args.attention_used,
-                  "linear": args.linear_used, "context": args.context,
+                  "linear": args.linear_used, "pointwise": args.pointwise_used, "context": args.context,
                   "steps": args.steps, "decode": rows, "prefill": prefill, "batch8_over_batch1": ratio}
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
 
@@ -129,7 +130,8 @@ def main() -> None:
 def render(args, rows, prefill, ratio) -> str:
     lines = [f"Engine decode, context ~{args.context} tokens, {args.threads} threads, "
              f"{EngineConfig(dtype=args.dtype).resolved_dtype}, {args.attention_used} attention, "
-             f"{args.linear_used} linears, best of {args.repeats} x {args.steps} steps", "",
+             f"{args.linear_used} linears, {args.pointwise_used} element-wise ops, best of {args.repeats} x "
+             f"{args.steps} steps", "",
              "| batch | decode tok/s | ms / step |", "|---:|---:|---:|"]
     lines += [f"| {r['batch']} | {r['tokens_per_s']:.1f} | {r['ms_per_step']:.2f} |" for r in rows]
     lines += ["", f"Prefill: {prefill['prompts']} x {prefill['prompt_len']} tokens, budget "
