@@ -203,9 +203,19 @@ class LlamaForCausalLM(nn.Module):
         self.attention_kernel = False  # set_attention: the native kernel instead of SDPA
         self.eval()
 
-    def _kernels_usable(self) -> bool:
-        """The native attention and element-wise ops can run: CPU, float32 or bfloat16, library built."""
-        return self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and kernels.load()
+    def _use_kernels(self, field: str, backend: str, choices: tuple[str, ...], who_needs: str) -> bool:
+        """Check a choice of `field` ("kernel", "torch" or "auto"); True if the native ops will run.
+
+        They can run on a CPU model in float32 or bfloat16 once the library is built; "kernel" where they
+        cannot raises InvalidArgument(field), "auto" then falls back to torch.
+        """
+        if backend not in choices:
+            raise InvalidArgument(field, f"must be one of {choices}, got {backend!r}")
+        usable = self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and kernels.load()
+        if backend == "kernel" and not usable:
+            raise InvalidArgument(field, f"{who_needs} a CPU model in float32 or bfloat16 and a built library "
+                                  "(python -m batchlm.kernels)")
+        return usable and backend != "torch"
 
     def set_attention(self, backend: str) -> str:
         """Choose the attention path; returns the one in use ("kernel" or "torch").
@@ -214,13 +224,8 @@ class LlamaForCausalLM(nn.Module):
         raises InvalidArgument("attention") if it cannot run here. "torch": SDPA over gathered K/V.
         "auto": the kernel wherever it can run, else torch.
         """
-        if backend not in ATTENTION_BACKENDS:
-            raise InvalidArgument("attention", f"must be one of {ATTENTION_BACKENDS}, got {backend!r}")
-        usable = self._kernels_usable()
-        if backend == "kernel" and not usable:
-            raise InvalidArgument("attention", "the batchlm kernel needs a CPU model in float32 or bfloat16 "
-                                  "and a built library (python -m batchlm.kernels)")
-        self.attention_kernel = usable and backend != "torch"
+        self.attention_kernel = self._use_kernels("attention", backend, ATTENTION_BACKENDS,
+                                                  "the batchlm attention kernel needs")
         return "kernel" if self.attention_kernel else "torch"
 
     def set_pointwise(self, backend: str) -> str:
@@ -230,13 +235,7 @@ class LlamaForCausalLM(nn.Module):
         CPU, float32/bfloat16, built by batchlm.kernels); raises InvalidArgument("pointwise") if they cannot
         run here. "torch": torch's ops. "auto": the kernels wherever they can run.
         """
-        if backend not in POINTWISE_BACKENDS:
-            raise InvalidArgument("pointwise", f"must be one of {POINTWISE_BACKENDS}, got {backend!r}")
-        usable = self._kernels_usable()
-        if backend == "kernel" and not usable:
-            raise InvalidArgument("pointwise", "the batchlm element-wise kernels need a CPU model in float32 "
-                                  "or bfloat16 and a built library (python -m batchlm.kernels)")
-        native = usable and backend != "torch"
+        native = self._use_kernels("pointwise", backend, POINTWISE_BACKENDS, "the batchlm element-wise kernels need")
         for m in self.modules():
             if isinstance(m, (RMSNorm, Attention, MLP)):
                 m.native = native
