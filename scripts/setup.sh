@@ -76,9 +76,9 @@ PY
   fi
 fi
 
-# 3. The native CPU kernels, attention and matmul (batchlm/kernels, ~20 s with g++; rebuilt only when a
-#    source, torch or the CPU changes). Without them the engine falls back to torch's SDPA and oneDNN's
-#    matmul, and the kernel tests fail.
+# 3. The native CPU kernels, attention, matmul and element-wise ops (batchlm/kernels, ~35 s with g++;
+#    rebuilt only when a source, torch or the CPU changes). Without them the engine falls back to torch's
+#    SDPA, oneDNN's matmul and torch's element-wise ops, and the kernel tests fail.
 mkdir -p "$root/.cache"
 if ! "$venv/bin/python" -m batchlm.kernels 2>"$root/.cache/kernel-build.log"; then
   log "WARNING: the native kernels did not build (see .cache/kernel-build.log); serving uses the torch path"
