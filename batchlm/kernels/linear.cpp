@@ -16,9 +16,10 @@
 //
 // Why a kernel: a decode step streams every weight from DRAM (the default model is ~3x this CPU's L3),
 // and with oneDNN's packed matmul that streaming and the arithmetic did not overlap (docs/architecture.md
-// item 18). Each group is one sequential stream (256 bytes per k, or per pair of k in bfloat16), and the
-// first register block of rows prefetches the next group's row into L2 as it reads its own, so the memory
-// system stays one group ahead of the arithmetic.
+// item 18). Each group is one sequential stream (256 bytes per k, or per pair of k in bfloat16), multiplied
+// by one register block of rows after another; while they do, the next group is prefetched into L2 in order,
+// one row every `parts` iterations across all the blocks (Prefetch), so the memory system stays one group
+// ahead of the arithmetic and DRAM is kept busy for the whole group, not only during its first block.
 //
 // Exactness: whatever T is, and whichever register block, chunk, thread or column group computes a row,
 //   float32:  out[t][n] = fma(x[t][K-1], W[n][K-1], ... fma(x[t][0], W[n][0], 0))
@@ -45,6 +46,15 @@ constexpr int64_t kCols = 64;   // output columns per group: four 16-lane vector
 constexpr int kRows = 6;        // rows per register block: 6 x 4 accumulators + 4 weight vectors
 constexpr int64_t kChunk = 96;  // rows per pass over W: a chunk of x stays in L2 while W streams by
 
+// Which rows of the next group one register block prefetches. A group with `parts` blocks runs parts * K
+// iterations (K rows each); iteration i = part * K + k prefetches row i / parts when parts divides i, so the
+// rows go out in order, evenly over all the blocks, each row once. No `next`: nothing to prefetch.
+struct Prefetch {
+  const void* next;  // the next group, or null
+  int64_t part;      // this block's index among the group's blocks
+  int64_t parts;     // the group's blocks
+};
+
 #ifdef __AVX512F__
 inline void prefetch_row(const void* p) {  // one group row: 256 bytes, four lines (a hint, no effect on results)
   const char* line = static_cast<const char*>(p);
@@ -53,6 +63,27 @@ inline void prefetch_row(const void* p) {  // one group row: 256 bytes, four lin
   _mm_prefetch(line + 128, _MM_HINT_T1);
   _mm_prefetch(line + 192, _MM_HINT_T1);
 }
+
+class PrefetchCursor {  // walks one block's share of Prefetch, iteration by iteration
+ public:
+  PrefetchCursor(const Prefetch& p, int64_t K) : next_(p.next), every_(p.parts) {
+    const int64_t start = p.part * K;
+    due_ = next_ != nullptr ? (p.parts - start % p.parts) % p.parts : K;
+    row_ = (start + due_) / p.parts;
+  }
+  // Call once per iteration k, in order; issues a row's prefetch on the iterations that own one.
+  template <typename W>
+  void at(int64_t k) {
+    if (k != due_) return;
+    prefetch_row(static_cast<const W*>(next_) + row_ * kCols);
+    ++row_;
+    due_ += every_;
+  }
+
+ private:
+  const void* next_;
+  int64_t every_, due_, row_;
+};
 
 inline void store_cols(float* o, const __m512 (&acc)[4], int64_t ncols) {
   if (ncols == kCols) {
@@ -66,19 +97,20 @@ inline void store_cols(float* o, const __m512 (&acc)[4], int64_t ncols) {
 #endif
 
 // float32: rows r .. r + R of x (row stride K) times one group `w` (K, 64); writes `ncols` (<= 64) columns
-// of out (row stride n). `next`, when not null, is the following group, prefetched row by row.
+// of out (row stride n). `prefetch` names this block's share of the following group (Prefetch).
 template <int R>
-void block_f32(const float* __restrict x, int64_t K, const float* __restrict w, const float* next,
+void block_f32(const float* __restrict x, int64_t K, const float* __restrict w, const Prefetch& prefetch,
                float* __restrict out, int64_t n, int64_t ncols) {
 #ifdef __AVX512F__
+  PrefetchCursor cursor(prefetch, K);
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
+    cursor.at<float>(k);
     const float* wk = w + k * kCols;
     const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16), w2 = _mm512_loadu_ps(wk + 32),
                  w3 = _mm512_loadu_ps(wk + 48);
-    if (next != nullptr) prefetch_row(next + k * kCols);
     for (int r = 0; r < R; ++r) {
       const __m512 xb = _mm512_set1_ps(x[r * K + k]);
       acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
@@ -89,7 +121,7 @@ void block_f32(const float* __restrict x, int64_t K, const float* __restrict w, 
   }
   for (int r = 0; r < R; ++r) store_cols(out + r * n, acc[r], ncols);
 #else
-  (void)next;
+  (void)prefetch;
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < ncols; ++c) {
       float acc = 0.0f;
@@ -102,16 +134,17 @@ void block_f32(const float* __restrict x, int64_t K, const float* __restrict w, 
 #ifdef __AVX512BF16__
 // bfloat16: x and w as pairs of bfloat16 in 32-bit words; x rows of K2 pairs, w one group (K2, 64 pairs).
 template <int R>
-void block_bf16(const uint32_t* __restrict x, int64_t K2, const uint32_t* __restrict w, const uint32_t* next,
+void block_bf16(const uint32_t* __restrict x, int64_t K2, const uint32_t* __restrict w, const Prefetch& prefetch,
                 at::BFloat16* __restrict out, int64_t n, int64_t ncols) {
+  PrefetchCursor cursor(prefetch, K2);
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t j = 0; j < K2; ++j) {
+    cursor.at<uint32_t>(j);
     const uint32_t* wj = w + j * kCols;
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wj), w1 = (__m512bh)_mm512_loadu_si512(wj + 16),
                    w2 = (__m512bh)_mm512_loadu_si512(wj + 32), w3 = (__m512bh)_mm512_loadu_si512(wj + 48);
-    if (next != nullptr) prefetch_row(next + j * kCols);
     for (int r = 0; r < R; ++r) {
       const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * K2 + j]));
       acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
@@ -130,7 +163,7 @@ void block_bf16(const uint32_t* __restrict x, int64_t K2, const uint32_t* __rest
 #endif
 
 template <typename X, typename W, typename O>
-using BlockFn = void (*)(const X*, int64_t, const W*, const W*, O*, int64_t, int64_t);
+using BlockFn = void (*)(const X*, int64_t, const W*, const Prefetch&, O*, int64_t, int64_t);
 
 // Rows in chunks of kChunk; in each chunk the two threads take halves of the groups, and each group is
 // multiplied by the chunk's rows kRows at a time. `row` is the length of one x row and one group row
@@ -145,10 +178,13 @@ void run(const X* x, const W* w, O* out, int64_t T, int64_t row, int64_t G, int6
         const W* group = w + g * row * kCols;
         const W* next = g + 1 < g1 ? group + row * kCols : nullptr;  // this thread's next group
         const int64_t ncols = std::min(kCols, n - g * kCols);
-        for (int64_t r = 0; r < rows; r += kRows) {
+        // NOTE: the prefetch is shared by the full blocks only (or left to the first block if none is full):
+        // a short last block runs its iterations a few times faster, and its share would go out in a burst.
+        const int64_t parts = std::max<int64_t>(1, rows / kRows);
+        for (int64_t r = 0, part = 0; r < rows; r += kRows, ++part) {
           const int R = static_cast<int>(std::min<int64_t>(kRows, rows - r));
-          blocks[R](x + (t0 + r) * row, row, group, r == 0 ? next : nullptr, out + (t0 + r) * n + g * kCols, n,
-                    ncols);
+          blocks[R](x + (t0 + r) * row, row, group, Prefetch{part < parts ? next : nullptr, part, parts},
+                    out + (t0 + r) * n + g * kCols, n, ncols);
         }
       }
     });
