@@ -96,29 +96,48 @@ inline void store_cols(float* o, const __m512 (&acc)[4], int64_t ncols) {
 }
 #endif
 
+#ifdef __AVX512F__
+// Calls body(hint) with the per-iteration prefetch `hint(k)` this block owes: none, every row of the next
+// group (the block is the group's only part), or its share (PrefetchCursor). Three loops, each compiled
+// with its own hint, so a block with nothing or everything to prefetch runs a loop without the cursor.
+template <typename W, typename Body>
+inline void with_prefetch(const Prefetch& prefetch, int64_t K, Body body) {
+  if (prefetch.next == nullptr) {
+    body([](int64_t) {});
+  } else if (prefetch.parts == 1) {
+    const W* next = static_cast<const W*>(prefetch.next);
+    body([next](int64_t k) { prefetch_row(next + k * kCols); });
+  } else {
+    PrefetchCursor cursor(prefetch, K);
+    body([&cursor](int64_t k) { cursor.at<W>(k); });
+  }
+}
+#endif
+
 // float32: rows r .. r + R of x (row stride K) times one group `w` (K, 64); writes `ncols` (<= 64) columns
 // of out (row stride n). `prefetch` names this block's share of the following group (Prefetch).
 template <int R>
 void block_f32(const float* __restrict x, int64_t K, const float* __restrict w, const Prefetch& prefetch,
                float* __restrict out, int64_t n, int64_t ncols) {
 #ifdef __AVX512F__
-  PrefetchCursor cursor(prefetch, K);
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    cursor.at<float>(k);
-    const float* wk = w + k * kCols;
-    const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16), w2 = _mm512_loadu_ps(wk + 32),
-                 w3 = _mm512_loadu_ps(wk + 48);
-    for (int r = 0; r < R; ++r) {
-      const __m512 xb = _mm512_set1_ps(x[r * K + k]);
-      acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(xb, w2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(xb, w3, acc[r][3]);
+  with_prefetch<float>(prefetch, K, [&](auto hint) {
+    for (int64_t k = 0; k < K; ++k) {
+      hint(k);
+      const float* wk = w + k * kCols;
+      const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16), w2 = _mm512_loadu_ps(wk + 32),
+                   w3 = _mm512_loadu_ps(wk + 48);
+      for (int r = 0; r < R; ++r) {
+        const __m512 xb = _mm512_set1_ps(x[r * K + k]);
+        acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(xb, w2, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(xb, w3, acc[r][3]);
+      }
     }
-  }
+  });
   for (int r = 0; r < R; ++r) store_cols(out + r * n, acc[r], ncols);
 #else
   (void)prefetch;
@@ -136,23 +155,24 @@ void block_f32(const float* __restrict x, int64_t K, const float* __restrict w, 
 template <int R>
 void block_bf16(const uint32_t* __restrict x, int64_t K2, const uint32_t* __restrict w, const Prefetch& prefetch,
                 at::BFloat16* __restrict out, int64_t n, int64_t ncols) {
-  PrefetchCursor cursor(prefetch, K2);
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < K2; ++j) {
-    cursor.at<uint32_t>(j);
-    const uint32_t* wj = w + j * kCols;
-    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wj), w1 = (__m512bh)_mm512_loadu_si512(wj + 16),
-                   w2 = (__m512bh)_mm512_loadu_si512(wj + 32), w3 = (__m512bh)_mm512_loadu_si512(wj + 48);
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * K2 + j]));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
-      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xb, w2);
-      acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xb, w3);
+  with_prefetch<uint32_t>(prefetch, K2, [&](auto hint) {
+    for (int64_t j = 0; j < K2; ++j) {
+      hint(j);
+      const uint32_t* wj = w + j * kCols;
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wj), w1 = (__m512bh)_mm512_loadu_si512(wj + 16),
+                     w2 = (__m512bh)_mm512_loadu_si512(wj + 32), w3 = (__m512bh)_mm512_loadu_si512(wj + 48);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * K2 + j]));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
+        acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xb, w2);
+        acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xb, w3);
+      }
     }
-  }
+  });
   for (int r = 0; r < R; ++r) {
     alignas(64) uint16_t tmp[kCols];
     for (int v = 0; v < 4; ++v)
