@@ -46,9 +46,11 @@ constexpr int64_t kCols = 64;   // output columns per group: four 16-lane vector
 constexpr int kRows = 6;        // rows per register block: 6 x 4 accumulators + 4 weight vectors
 constexpr int64_t kChunk = 96;  // rows per pass over W: a chunk of x stays in L2 while W streams by
 
-// Which rows of the next group one register block prefetches. A group with `parts` blocks runs parts * K
-// iterations (K rows each); iteration i = part * K + k prefetches row i / parts when parts divides i, so the
-// rows go out in order, evenly over all the blocks, each row once. No `next`: nothing to prefetch.
+// Which rows of the next group one register block prefetches. The `parts` sharing blocks of a group (its
+// full blocks, or its first block alone if none is full; see run) run parts * K iterations (K rows each);
+// iteration i = part * K + k prefetches row i / parts when parts divides i, so the rows go out in order,
+// evenly over those blocks, each row once. No `next`: nothing to prefetch (the thread's last group, or a
+// block that does not share).
 struct Prefetch {
   const void* next;  // the next group, or null
   int64_t part;      // this block's index among the group's blocks
@@ -94,9 +96,7 @@ inline void store_cols(float* o, const __m512 (&acc)[4], int64_t ncols) {
   for (int v = 0; v < 4; ++v) _mm512_store_ps(tmp + 16 * v, acc[v]);
   std::copy(tmp, tmp + ncols, o);
 }
-#endif
 
-#ifdef __AVX512F__
 // Calls body(hint) with the per-iteration prefetch `hint(k)` this block owes: none, every row of the next
 // group (the block is the group's only part), or its share (PrefetchCursor). Three loops, each compiled
 // with its own hint, so a block with nothing or everything to prefetch runs a loop without the cursor.
