@@ -36,11 +36,11 @@
 
 namespace {
 
-constexpr int kLanes = 16;
-
-using batchlm::bf16_to_float;
+using batchlm::combine;
 using batchlm::exp_nonpositive;
-using batchlm::float_to_bf16;
+using batchlm::kLanes;
+using batchlm::narrow;
+using batchlm::widen;
 
 template <typename T>
 inline void load_row(const T* src, float* dst, int64_t n);
@@ -52,8 +52,7 @@ inline void load_row<float>(const float* src, float* dst, int64_t n) {
 
 template <>
 inline void load_row<at::BFloat16>(const at::BFloat16* src, float* dst, int64_t n) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  for (int64_t d = 0; d < n; ++d) dst[d] = bf16_to_float(s[d]);
+  for (int64_t d = 0; d < n; ++d) dst[d] = widen(src[d]);
 }
 
 template <typename T>
@@ -66,15 +65,7 @@ inline void store_row<float>(const float* src, float* dst, int64_t n) {
 
 template <>
 inline void store_row<at::BFloat16>(const float* src, at::BFloat16* dst, int64_t n) {
-  uint16_t* o = reinterpret_cast<uint16_t*>(dst);
-  for (int64_t d = 0; d < n; ++d) o[d] = float_to_bf16(src[d]);
-}
-
-// Fixed-order sum of kLanes partial sums: ((0+8) + (4+12)) + ... a tree that never depends on n.
-inline float combine(float* acc) {
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
+  for (int64_t d = 0; d < n; ++d) dst[d] = narrow<at::BFloat16>(src[d]);
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {

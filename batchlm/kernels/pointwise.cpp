@@ -36,26 +36,13 @@
 
 namespace {
 
-using batchlm::bf16_to_float;
+using batchlm::combine;
 using batchlm::exp_nonpositive;
-using batchlm::float_to_bf16;
+using batchlm::kLanes;
+using batchlm::narrow;
+using batchlm::widen;
 
-constexpr int kLanes = 16;
 constexpr int64_t kGrainElements = 16384;  // elements per parallel task: less is not worth a second thread
-
-inline float widen(float x) { return x; }
-inline float widen(at::BFloat16 x) { return bf16_to_float(x.x); }
-
-template <typename T>
-inline T narrow(float x);
-template <>
-inline float narrow<float>(float x) {
-  return x;
-}
-template <>
-inline at::BFloat16 narrow<at::BFloat16>(float x) {
-  return at::BFloat16(float_to_bf16(x), at::BFloat16::from_bits());
-}
 
 // Calls f with a value of the element type: float or at::BFloat16 (callers have checked it is one of them).
 template <typename F>
@@ -75,9 +62,7 @@ inline float inv_rms(const float* h, int64_t D, float eps) {
   for (; d + kLanes <= D; d += kLanes)
     for (int l = 0; l < kLanes; ++l) acc[l] = std::fma(h[d + l], h[d + l], acc[l]);
   for (int l = 0; d < D; ++d, ++l) acc[l] = std::fma(h[d], h[d], acc[l]);
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return 1.0f / std::sqrt(acc[0] / static_cast<float>(D) + eps);
+  return 1.0f / std::sqrt(combine(acc) / static_cast<float>(D) + eps);
 }
 
 template <typename T>

@@ -1,6 +1,9 @@
-// Scalar helpers shared by the kernels: bfloat16 <-> float32 and exp for arguments <= 0.
+// Scalar helpers shared by the kernels: bfloat16 <-> float32 (bits, and element-wise widen / narrow), the
+// fixed-tree sum of kLanes partial sums, and exp for arguments <= 0.
 // Written without branches on the data, so that the compiler vectorizes the loops that call them.
 #pragma once
+
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +25,31 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch doe
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>(bits >> 16);
+}
+
+// One element as float32 math reads it, and a float32 result rounded once into the element type.
+inline float widen(float x) { return x; }
+inline float widen(c10::BFloat16 x) { return bf16_to_float(x.x); }
+
+template <typename T>
+inline T narrow(float x);
+template <>
+inline float narrow<float>(float x) {
+  return x;
+}
+template <>
+inline c10::BFloat16 narrow<c10::BFloat16>(float x) {
+  return c10::BFloat16(float_to_bf16(x), c10::BFloat16::from_bits());
+}
+
+// Partial sums per reduction: a sum over n elements goes to acc[i % kLanes], then combine() adds the kLanes
+// partial sums in one fixed tree, ((0+8) + (4+12)) + ..., so the result never depends on how the work was split.
+constexpr int kLanes = 16;
+
+inline float combine(float* acc) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
 }
 
 // exp(x) for x <= 0 to about 2 ulp: x = n ln2 + r, |r| <= ln2 / 2, degree-6 polynomial, times 2^n.
