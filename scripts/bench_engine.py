@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchlm.checkpoint import write_default_checkpoint  # noqa: E402
 from batchlm.engine import LLMEngine, load_parts  # noqa: E402
-from batchlm.engine_config import EngineConfig  # noqa: E402
+from batchlm.engine_config import ATTENTION_BACKENDS, EngineConfig  # noqa: E402
 from batchlm.sampling import SamplingParams  # noqa: E402
 
 BATCHES = (1, 2, 4, 8, 16, 32)
@@ -33,7 +33,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--json", dest="json_path", help="also write the results here")
     p.add_argument("--threads", type=int, default=EngineConfig().num_threads)
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: the device's default)")
-    p.add_argument("--attention", default="auto", choices=("auto", "kernel", "torch"),
+    p.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS,
                    help="attention path (EngineConfig.attention); the one used is printed")
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--context", type=int, default=128, help="prompt tokens before decode is timed")

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from batchlm import attention  # noqa: E402
 from batchlm.batch_generator import BatchGenerator  # noqa: E402
 from batchlm.engine import LLMEngine  # noqa: E402
-from batchlm.engine_config import LINEAR_BACKENDS, POINTWISE_BACKENDS, EngineConfig  # noqa: E402
+from batchlm.engine_config import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS, EngineConfig  # noqa: E402
 from batchlm.sampling import SamplingParams  # noqa: E402
 from client.workload import WorkloadSpec, build_requests  # noqa: E402
 
@@ -79,7 +79,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-requests", type=int, default=128)
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: the device's default)")
-    p.add_argument("--attention", default="auto", choices=("auto", "kernel", "torch"))
+    p.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--linear", default="auto", choices=LINEAR_BACKENDS)
     p.add_argument("--pointwise", default="auto", choices=POINTWISE_BACKENDS)
     p.add_argument("--decode-groups", type=int, default=attention.MAX_DECODE_GROUPS)
