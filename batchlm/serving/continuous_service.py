@@ -13,7 +13,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from batchlm.engine import LLMEngine
 from batchlm.errors import InvalidArgument, Unavailable
@@ -23,6 +23,7 @@ from batchlm.serving import triton_io
 from batchlm.serving.cancellation_watcher import CancellationWatcher
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.request_schema import GenerateRequest
+from batchlm.serving.stream_buffer import StreamBuffer
 
 
 @dataclass
@@ -32,9 +33,7 @@ class _Active:
     request: GenerateRequest
     sender: object
     arrival: float
-    text: list[str] = field(default_factory=list)  # text not sent yet (all of it when not streaming)
-    unsent_tokens: int = 0  # tokens generated since the last response
-    sent_text: bool = False  # a response with text was sent
+    buffer: StreamBuffer
     first_token_seen: bool = False
     cancelled: bool = False  # the client cancelled, as last checked
 
@@ -88,7 +87,8 @@ class ContinuousBatchingService:
                     f"continuous_batching is overloaded: {self._max_waiting} requests already waiting")
             else:
                 error = None
-                self._inbox.append((f"req-{next(self._ids)}", _Active(request, sender, arrival)))
+                buffer = StreamBuffer(request.stream, self._stream_interval)
+                self._inbox.append((f"req-{next(self._ids)}", _Active(request, sender, arrival, buffer)))
                 self._wake.notify()
         if error is not None:
             triton_io.send_final(sender, triton_io.error_response(error))
@@ -196,17 +196,9 @@ class ContinuousBatchingService:
             if out.finished:
                 triton_io.send_final_quietly(active.sender, None)
             return
-        active.text.append(out.text)
-        active.unsent_tokens += len(out.token_ids)
-        # streamed: the first text at once, then every `stream_interval` tokens; otherwise one answer
-        due = out.finished or (active.request.stream and any(active.text) and (
-            not active.sent_text or active.unsent_tokens >= self._stream_interval))
-        if not due:
+        text = active.buffer.take(out)
+        if text is None:
             return
-        text = "".join(active.text)
-        active.text.clear()
-        active.unsent_tokens = 0
-        active.sent_text = active.sent_text or bool(text)
         response = triton_io.output_response(out, text, batched=False)
         if out.finished:  # quietly: a client gone at its last token must not fail the batch
             triton_io.send_final_quietly(active.sender, response)

@@ -65,6 +65,18 @@ class ModelMetrics:
             self._gauges.update(waiting=waiting, running=running, kv_used=kv_used, kv_total=kv_total)
         self._flush_if_due()
 
+    def record_in_flight(self, requests: int) -> None:
+        """For a model that runs no forward pass itself (continuous_batching_trtllm): its requests in
+        flight (waiting in or running on the engine it fronts) as `running`."""
+        with self._lock:
+            self._gauges["running"] = requests
+        self._flush_if_due()
+
+    def record_tokens(self, new_tokens: int) -> None:
+        with self._lock:
+            self._deltas["generated_tokens"] += new_tokens
+        self._flush_if_due()
+
     def record_first_token(self, seconds: float) -> None:
         with self._lock:
             self._deltas["ttft_sum"] += seconds

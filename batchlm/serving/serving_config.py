@@ -30,15 +30,16 @@ class ServingConfig:
         rest = {k: v for k, v in params.items() if k not in SERVING_KEYS}
         return cls(
             model_dir=params.get("model_dir", "models/default"),
-            batch_size=_positive_int(params, "batch_size", 8),
-            max_waiting=_positive_int(params, "max_waiting", 64),
-            cancellation_check_period_ms=_positive_int(params, "cancellation_check_period_ms", 100),
-            stream_interval=_positive_int(params, "stream_interval", 1),
+            batch_size=positive_int(params, "batch_size", 8),
+            max_waiting=positive_int(params, "max_waiting", 64),
+            cancellation_check_period_ms=positive_int(params, "cancellation_check_period_ms", 100),
+            stream_interval=positive_int(params, "stream_interval", 1),
             engine=EngineConfig.from_parameters(rest, strict=True),
         )
 
 
-def _positive_int(params: dict[str, str], key: str, default: int) -> int:
+def positive_int(params: dict[str, str], key: str, default: int) -> int:
+    """`params[key]` as an integer >= 1 (`default` when absent); raises InvalidArgument naming the key."""
     raw = params.get(key, str(default))
     try:
         value = int(raw)

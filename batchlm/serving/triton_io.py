@@ -120,10 +120,15 @@ def load_serving_config(args: dict, decoupled: bool) -> tuple[str, ServingConfig
     """Model name, typed parameters and checkpoint folder; fails loudly on a wrong config."""
     config = model_config(args)
     name = config["name"]
-    if pb_utils.using_decoupled_model_transaction_policy(config) != decoupled:
-        raise ValueError(f"{name}: model_transaction_policy.decoupled must be {str(decoupled).lower()}")
+    require_transaction_policy(config, decoupled)
     serving = ServingConfig.from_parameters(parameters(config))
     return name, serving, resolve_model_dir(serving.model_dir)
+
+
+def require_transaction_policy(config: dict, decoupled: bool) -> None:
+    """Fail the load if the model's `model_transaction_policy.decoupled` is not `decoupled`."""
+    if pb_utils.using_decoupled_model_transaction_policy(config) != decoupled:
+        raise ValueError(f"{config['name']}: model_transaction_policy.decoupled must be {str(decoupled).lower()}")
 
 
 def readiness_probe(model_name: str):

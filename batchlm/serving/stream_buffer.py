@@ -1,0 +1,37 @@
+"""StreamBuffer: when a request's generated text is due to be sent, and what is due.
+
+Shared by the models that answer per step (`continuous_batching`, `continuous_batching_trtllm`).
+A streamed request gets its first text as soon as it exists, then a response once `interval` new
+tokens are buffered, then its final response; a request that does not stream gets one answer, when it
+finishes. Pure bookkeeping: no Triton, no threads (one owner per request).
+"""
+
+from __future__ import annotations
+
+from batchlm.request_output import RequestOutput
+
+
+class StreamBuffer:
+    def __init__(self, stream: bool, interval: int = 1) -> None:
+        if interval < 1:
+            raise ValueError(f"interval must be >= 1, got {interval}")
+        self.stream = stream
+        self.interval = interval
+        self._text: list[str] = []  # text not sent yet (all of it when not streaming)
+        self._unsent_tokens = 0  # tokens generated since the last response
+        self._sent_text = False  # a response with text was sent
+
+    def take(self, out: RequestOutput) -> str | None:
+        """Buffer one output; the text to send now (possibly "" on the final one), or None if nothing
+        is due yet."""
+        self._text.append(out.text)
+        self._unsent_tokens += len(out.token_ids)
+        due = out.finished or (self.stream and any(self._text) and (
+            not self._sent_text or self._unsent_tokens >= self.interval))
+        if not due:
+            return None
+        text = "".join(self._text)
+        self._text.clear()
+        self._unsent_tokens = 0
+        self._sent_text = self._sent_text or bool(text)
+        return text

@@ -1,0 +1,50 @@
+"""TrtllmBls: the `TokenBackend` of `continuous_batching_trtllm`, as Triton BLS calls to the engine model.
+
+Imported only inside the backend stub (needs triton_python_backend_utils). The tensors are
+`batchlm.serving.trtllm_protocol`'s. Each request is one decoupled BLS call that this thread iterates;
+the Python backend of tritonserver 2.51 has no way to cancel a BLS call from the caller's side, so a
+request is ended early the way TensorRT-LLM's backend offers: a second request with the same request id
+and `stop` set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import triton_python_backend_utils as pb_utils
+
+from batchlm.sampling import SamplingParams
+from batchlm.serving import trtllm_protocol
+from batchlm.serving.trtllm_service import BackendError
+
+
+class TrtllmBls:
+    def __init__(self, model_name: str, eos_token_id: int | None, pad_token_id: int) -> None:
+        self.model_name = model_name
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+
+    def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                 stream: bool) -> Iterator[list[int]]:
+        inputs = trtllm_protocol.request_inputs(prompt_ids, params, stream, self.eos_token_id, self.pad_token_id)
+        for response in self._exec(request_id, inputs):
+            if response.has_error():
+                raise BackendError(f"{self.model_name}: {response.error().message()}")
+            yield trtllm_protocol.new_token_ids(_output(response, "output_ids"), _output(response, "sequence_length"))
+
+    def stop(self, request_id: str) -> None:
+        for response in self._exec(request_id, trtllm_protocol.stop_inputs()):
+            if response.has_error():
+                raise BackendError(f"{self.model_name}: stop: {response.error().message()}")
+
+    def _exec(self, request_id: str, inputs: dict):
+        request = pb_utils.InferenceRequest(
+            model_name=self.model_name, request_id=request_id,
+            inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
+            requested_output_names=list(trtllm_protocol.BACKEND_OUTPUTS))
+        return request.exec(decoupled=True)
+
+
+def _output(response, name: str):
+    tensor = pb_utils.get_output_tensor_by_name(response, name)
+    return None if tensor is None else tensor.as_numpy()

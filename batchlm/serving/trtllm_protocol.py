@@ -1,0 +1,90 @@
+"""The tensor contract of TensorRT-LLM's Triton backend, as `continuous_batching_trtllm` speaks it.
+
+The `tensorrt_llm` model (backend `tensorrtllm`, `gpt_model_type: inflight_fused_batching`) takes token
+ids, not text, and answers token ids. Names follow the backend's model configuration (v0.14, the one in
+NGC's 24.10 `-trtllm-python-py3` container). The model has `max_batch_size` > 0, so every tensor
+carries a leading batch dimension of 1. Pure numpy: no Triton, no torch.
+
+Mapping from this repository's request schema:
+- `max_tokens` -> `request_output_len`; the prompt's ids -> `input_ids` and `input_lengths`.
+- greedy (`temperature` 0) -> `runtime_top_k` 1; otherwise `temperature`, `runtime_top_k` (0 = off)
+  and `runtime_top_p`.
+- `seed` -> `random_seed`; `stream` -> `streaming`.
+- EOS -> `end_id`, left out under `ignore_eos`, so the engine generates exactly `max_tokens` tokens.
+- `stop` strings are matched on text by the front model, which then stops the request by id (`stop`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from batchlm.sampling import SamplingParams
+
+BACKEND_OUTPUTS = ("output_ids", "sequence_length")
+
+# name -> numpy dtype of what the front sends (the backend declares them INT32 / FP32 / UINT64 / BOOL)
+INPUT_DTYPES: dict[str, type] = {
+    "input_ids": np.int32,
+    "input_lengths": np.int32,
+    "request_output_len": np.int32,
+    "end_id": np.int32,
+    "pad_id": np.int32,
+    "temperature": np.float32,
+    "runtime_top_k": np.int32,
+    "runtime_top_p": np.float32,
+    "random_seed": np.uint64,
+    "streaming": np.bool_,
+    "stop": np.bool_,
+}
+
+
+def request_inputs(prompt_ids: Sequence[int], params: SamplingParams, stream: bool,
+                   eos_token_id: int | None, pad_token_id: int) -> dict[str, np.ndarray]:
+    """The tensors of one generation request (batch of 1)."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids must not be empty")
+    values: dict[str, object] = {
+        "input_lengths": len(prompt_ids),
+        "request_output_len": params.max_tokens,
+        "pad_id": pad_token_id,
+        "streaming": stream,
+    }
+    if params.is_greedy:
+        values["runtime_top_k"] = 1
+    else:
+        values.update(temperature=params.temperature, runtime_top_k=params.top_k, runtime_top_p=params.top_p)
+    if params.seed is not None:
+        values["random_seed"] = params.seed
+    if eos_token_id is not None and not params.ignore_eos:
+        values["end_id"] = eos_token_id
+    tensors = {name: np.array([[value]], dtype=INPUT_DTYPES[name]) for name, value in values.items()}
+    tensors["input_ids"] = np.array([list(prompt_ids)], dtype=np.int32)  # (1, prompt_len)
+    return tensors
+
+
+def stop_inputs() -> dict[str, np.ndarray]:
+    """The tensors of a stop request: sent with the id of a running request, it ends that request.
+    The backend still requires its three mandatory inputs, so they carry placeholders."""
+    return {
+        "input_ids": np.array([[0]], dtype=np.int32),
+        "input_lengths": np.array([[1]], dtype=np.int32),
+        "request_output_len": np.array([[1]], dtype=np.int32),
+        "stop": np.array([[True]], dtype=np.bool_),
+    }
+
+
+def new_token_ids(output_ids: np.ndarray | None, sequence_length: np.ndarray | None) -> list[int]:
+    """The generated ids one backend response carries (beam 0).
+
+    With `exclude_input_in_output: true`, `output_ids` (1, beams, n) holds only generated ids: the new
+    ones of this step when streaming, all of them otherwise; `sequence_length` (1, beams) says how many
+    are valid. A response without them (the empty final one of a stream) carries none.
+    """
+    if output_ids is None or output_ids.size == 0:
+        return []
+    ids = np.asarray(output_ids).reshape(-1, np.asarray(output_ids).shape[-1])[0]
+    if sequence_length is not None and np.asarray(sequence_length).size:
+        ids = ids[:int(np.asarray(sequence_length).reshape(-1)[0])]
+    return [int(t) for t in ids]

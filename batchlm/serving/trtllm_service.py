@@ -1,0 +1,244 @@
+"""The front of a TensorRT-LLM engine: this repository's request schema in, the engine's token ids out.
+
+`continuous_batching_trtllm` is a decoupled Python model in front of the `tensorrt_llm` model
+(TensorRT-LLM's Triton backend, in-flight batching on a GPU). The engine schedules per step; this
+front only translates, so clients see the same schema, text, stop strings, finish reasons, counters
+and streaming as from `continuous_batching`, and the same benchmark measures both.
+
+Per request, one worker thread: tokenize, send the ids to the engine (`TokenBackend.generate`), feed
+every id it returns through a `Sequence` (incremental detokenizing, stop strings, EOS, max_tokens) and
+send text as a `StreamBuffer` says. The engine streams its ids when the client streams or the request
+has stop strings (they are matched as the text grows); otherwise it answers once. When the text ends early (a stop string) or the client cancelled
+(a `CancellationWatcher` asks), the engine request is stopped by id (`TokenBackend.stop`) and its
+remaining responses are drained unread. `close()` stops every engine request and answers each client
+UNAVAILABLE that had no final response yet.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from batchlm.errors import InvalidArgument, Unavailable
+from batchlm.request_output import RequestOutput
+from batchlm.sampling import SamplingParams
+from batchlm.sequence import FinishReason, Sequence
+from batchlm.serving import triton_io
+from batchlm.serving.cancellation_watcher import CancellationWatcher
+from batchlm.serving.metrics import ModelMetrics
+from batchlm.serving.request_schema import GenerateRequest
+from batchlm.serving.stream_buffer import StreamBuffer
+from batchlm.serving.trtllm_front_config import TrtllmFrontConfig
+from batchlm.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class BackendError(RuntimeError):
+    """The engine answered a request with an error; the message is the engine's."""
+
+
+class TokenBackend(Protocol):
+    """What the front needs from the engine (`batchlm.serving.trtllm_bls.TrtllmBls` in Triton)."""
+
+    def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                 stream: bool) -> Iterator[list[int]]:
+        """Start a request; yield the new ids of each response until the engine's final one.
+        Raises BackendError on an error response."""
+        ...
+
+    def stop(self, request_id: str) -> None:
+        """Ask the engine to end a running request early (its iterator then ends soon)."""
+        ...
+
+
+@dataclass
+class _Flight:
+    """One request between its submit and its final response; owned by its worker thread."""
+
+    request_id: str
+    request: GenerateRequest
+    sender: object
+    arrival: float
+    seq: Sequence
+    buffer: StreamBuffer
+    cancelled: threading.Event = field(default_factory=threading.Event)  # set by the watcher
+    answered: bool = False  # the final response was sent
+    stopped: bool = False  # a stop request was sent to the engine
+
+
+class TrtllmFrontService:
+    def __init__(self, name: str, config: TrtllmFrontConfig, tokenizer: Tokenizer, backend: TokenBackend,
+                 metrics: ModelMetrics) -> None:
+        self._name = name
+        self._config = config
+        self._tokenizer = tokenizer
+        self._backend = backend
+        self._metrics = metrics
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]  # NOTE: engine request ids must be unique across instances
+        self._lock = threading.Lock()
+        self._flights: dict[str, _Flight] = {}  # guarded by _lock
+        self._workers: dict[str, threading.Thread] = {}  # guarded by _lock
+        self._closed = False  # guarded by _lock
+        self._watcher = CancellationWatcher(config.cancellation_check_period_ms / 1000, self._on_cancelled,
+                                            name="batchlm-trtllm-cancel-watch")
+
+    # -- Triton's execute thread ------------------------------------------------------------
+    def submit(self, raw_request) -> None:
+        """Parse, tokenize and start one request on its own worker; errors are answered at once."""
+        sender = raw_request.get_response_sender()
+        arrival = time.monotonic()
+        try:
+            request = triton_io.parse_request(raw_request)
+            prompt_ids = self._tokenizer.encode(request.prompt)
+            self._check_fits(len(prompt_ids), request.params.max_tokens)
+        except InvalidArgument as exc:
+            triton_io.send_final(sender, triton_io.error_response(exc))
+            return
+        request_id = f"{self._prefix}-{next(self._ids)}"
+        seq = Sequence(request_id, prompt_ids, request.params, self._tokenizer.eos_token_ids,
+                       IncrementalDetokenizer(self._tokenizer, prompt_ids))
+        flight = _Flight(request_id, request, sender, arrival, seq,
+                         StreamBuffer(request.stream, self._config.stream_interval))
+        with self._lock:
+            if self._closed:
+                error = Unavailable(f"{self._name} is unloading; retry later")
+            elif len(self._flights) >= self._config.max_in_flight:
+                error = Unavailable(f"{self._name} is overloaded: {self._config.max_in_flight} requests "
+                                    "already in flight")
+            else:
+                error = None
+                self._flights[request_id] = flight
+                worker = threading.Thread(target=self._serve, args=(flight,), name=f"batchlm-{request_id}",
+                                          daemon=True)
+                self._workers[request_id] = worker
+                in_flight = len(self._flights)
+        if error is not None:
+            triton_io.send_final(sender, triton_io.error_response(error))
+            return
+        self._watcher.watch(request_id, sender)
+        self._metrics.record_in_flight(in_flight)
+        worker.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the engine's requests and the workers within `timeout` seconds; a client that got no
+        final response by then gets UNAVAILABLE from its worker."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._closed = True
+            flights = list(self._flights.values())
+            workers = list(self._workers.values())
+        self._watcher.close(timeout)
+        for flight in flights:
+            self._stop_engine_request(flight)
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+
+    # -- the watcher's thread ---------------------------------------------------------------
+    def _on_cancelled(self, request_ids: list[str]) -> None:
+        with self._lock:
+            flights = [self._flights[r] for r in request_ids if r in self._flights]
+        for flight in flights:
+            flight.cancelled.set()
+            self._stop_engine_request(flight)
+
+    # -- a worker thread, one per request ------------------------------------------------------
+    def _serve(self, flight: _Flight) -> None:
+        try:
+            # NOTE: stop strings are matched as tokens come, so a request with any asks the engine to stream
+            engine_streams = flight.request.stream or bool(flight.request.params.stop)
+            for new_ids in self._backend.generate(flight.request_id, list(flight.seq.prompt_ids),
+                                                  flight.request.params, engine_streams):
+                if not flight.answered:
+                    self._on_tokens(flight, new_ids)
+            if not flight.answered:
+                self._on_engine_done(flight)
+        except Exception as exc:  # noqa: BLE001 - answer this client, keep the model serving
+            if not flight.answered:
+                triton_io.log_error(f"{self._name}: request {flight.request_id} failed: {exc!r}")
+                self._answer(flight, triton_io.error_response(exc))
+        finally:
+            self._watcher.unwatch(flight.request_id)
+            with self._lock:
+                self._flights.pop(flight.request_id, None)
+                self._workers.pop(flight.request_id, None)
+                in_flight = len(self._flights)
+            self._metrics.record_in_flight(in_flight)
+
+    def _on_tokens(self, flight: _Flight, new_ids: list[int]) -> None:
+        if self._gone(flight):
+            return
+        seq = flight.seq
+        if new_ids and seq.num_output_tokens == 0:
+            self._metrics.record_first_token(time.monotonic() - flight.arrival)
+        taken = 0
+        for token_id in new_ids:
+            if seq.is_finished:
+                break
+            seq.append_token(token_id)
+            taken += 1
+        self._metrics.record_tokens(taken)
+        out = RequestOutput.take(seq)
+        if seq.is_finished:
+            self._answer(flight, triton_io.output_response(out, flight.buffer.take(out), batched=False))
+            if self._engine_still_generating(seq):
+                self._stop_engine_request(flight)
+            return
+        text = flight.buffer.take(out)
+        if text is not None and not triton_io.send_quietly(
+                flight.sender, triton_io.output_response(out, text, batched=False)):
+            flight.cancelled.set()  # the client is gone
+            self._stop_engine_request(flight)
+
+    def _engine_still_generating(self, seq: Sequence) -> bool:
+        """A stop string ended the text: the engine, which stops only at EOS or max_tokens, goes on."""
+        return (seq.finish_reason is FinishReason.STOP and seq.num_output_tokens < seq.params.max_tokens
+                and seq.output_ids[-1] not in self._tokenizer.eos_token_ids)
+
+    def _on_engine_done(self, flight: _Flight) -> None:
+        """The engine sent its final response and the text has not ended: finish it here."""
+        if self._gone(flight):
+            return
+        seq = flight.seq
+        # NOTE: an engine that ends before max_tokens met its end_id (EOS), which it may leave out of output_ids
+        seq.finish(FinishReason.LENGTH if seq.num_output_tokens >= seq.params.max_tokens else FinishReason.STOP)
+        out = RequestOutput.take(seq)
+        self._answer(flight, triton_io.output_response(out, flight.buffer.take(out), batched=False))
+
+    def _gone(self, flight: _Flight) -> bool:
+        """Answer a request whose client cancelled (an empty final) or whose model is closing
+        (UNAVAILABLE); True if it was answered so."""
+        if flight.cancelled.is_set():
+            self._answer(flight, None)
+        elif self._closed:
+            self._answer(flight, triton_io.error_response(
+                Unavailable(f"{self._name} was unloaded before the request finished")))
+        return flight.answered
+
+    def _answer(self, flight: _Flight, response) -> None:
+        # NOTE: unwatch before the final send: Triton frees the sender once its final response is sent
+        self._watcher.unwatch(flight.request_id)
+        flight.answered = True
+        triton_io.send_final_quietly(flight.sender, response)
+
+    def _stop_engine_request(self, flight: _Flight) -> None:
+        if flight.stopped:
+            return
+        flight.stopped = True
+        try:
+            self._backend.stop(flight.request_id)
+        except Exception as exc:  # noqa: BLE001 - the request may have ended meanwhile
+            triton_io.log_verbose(f"{self._name}: stopping {flight.request_id}: {exc!r}")
+
+    def _check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        limit = self._config.max_model_len
+        if num_prompt_tokens >= limit:
+            raise InvalidArgument("text_input", f"is {num_prompt_tokens} tokens; the engine takes at most "
+                                  f"{limit - 1} with max_tokens")
+        if num_prompt_tokens + max_tokens > limit:
+            raise InvalidArgument("max_tokens", f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) "
+                                  f"exceeds the engine's max_model_len {limit}")

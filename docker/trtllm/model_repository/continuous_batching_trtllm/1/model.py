@@ -1,0 +1,29 @@
+"""continuous_batching_trtllm: a thin adapter; the front lives in batchlm.serving.trtllm_service."""
+
+from batchlm.serving import triton_io
+from batchlm.serving.metrics import ModelMetrics
+from batchlm.serving.trtllm_bls import TrtllmBls
+from batchlm.serving.trtllm_front_config import TrtllmFrontConfig
+from batchlm.serving.trtllm_service import TrtllmFrontService
+from batchlm.tokenizer import Tokenizer
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = triton_io.model_config(args)
+        name = config["name"]
+        triton_io.require_transaction_policy(config, decoupled=True)
+        front = TrtllmFrontConfig.from_parameters(triton_io.parameters(config))
+        tokenizer = Tokenizer.from_dir(triton_io.resolve_model_dir(front.model_dir))
+        eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
+        pad = eos if eos is not None else 0
+        self.service = TrtllmFrontService(name, front, tokenizer, TrtllmBls(front.backend_model, eos, pad),
+                                          ModelMetrics(name))
+
+    def execute(self, requests):
+        for request in requests:
+            self.service.submit(request)
+        return None
+
+    def finalize(self):
+        self.service.close()

@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""Serve all four models on a GPU: the three strategies on batchlm's engine and TensorRT-LLM's in-flight
+batching, side by side, on one tritonserver (NGC's `tritonserver:24.10-trtllm-python-py3` image).
+
+    .venv/bin/python scripts/serve_trtllm.py [--device cuda] [--engine-dir engines/trtllm] [--rebuild]
+    .venv/bin/python scripts/serve_trtllm.py --prepare-only --out DIR   # write the repository and exit
+
+1. Builds the engine if `--engine-dir` holds none (`scripts/build_trtllm_engine.py`, run with
+   `--trtllm-python`, the interpreter that has tensorrt_llm).
+2. Writes a model repository under `--out` (never into the tracked folders): `model_repository/`'s three
+   models with `device` set to `--device`, and `docker/trtllm/model_repository/`'s two with the engine's
+   folder filled into `tensorrt_llm`'s `gpt_model_path`.
+3. Runs tritonserver over it in the foreground. Ports as for scripts/serve.py.
+Clients send the same requests to `continuous_batching_trtllm` as to `continuous_batching`; the serving
+benchmark measures either (`scripts/benchmark.py continuous_batching_trtllm --concurrency 32`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from batchlm.triton_server import DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServer  # noqa: E402
+
+TRTLLM_REPOSITORY = PROJECT_ROOT / "docker" / "trtllm" / "model_repository"
+STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")
+ENGINE_FILES = ("config.json", "rank0.engine")
+
+
+def prepare_repository(out: Path, engine_dir: Path, device: str) -> Path:
+    """Write the five models into `out` (replacing what was there); returns `out`."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name in STRATEGIES:
+        shutil.copytree(DEFAULT_REPOSITORY / name, out / name, ignore=ignore)
+        config = out / name / "config.pbtxt"
+        text = config.read_text()
+        if 'key: "device"' in text:
+            raise SystemExit(f"{name}/config.pbtxt already sets device; edit it there instead")
+        config.write_text(text + f'# Written by scripts/serve_trtllm.py --device.\n'
+                                 f'parameters {{ key: "device" value: {{ string_value: "{device}" }} }}\n')
+    for name in ("continuous_batching_trtllm", "tensorrt_llm"):
+        shutil.copytree(TRTLLM_REPOSITORY / name, out / name, ignore=ignore)
+    engine_config = out / "tensorrt_llm" / "config.pbtxt"
+    engine_config.write_text(engine_config.read_text().replace("${engine_dir}", str(engine_dir.resolve())))
+    return out
+
+
+def ensure_engine(engine_dir: Path, python: str, rebuild: bool) -> None:
+    if not rebuild and all((engine_dir / f).is_file() for f in ENGINE_FILES):
+        return
+    script = PROJECT_ROOT / "scripts" / "build_trtllm_engine.py"
+    subprocess.run([python, str(script), "--out", str(engine_dir)], check=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="where the three batchlm strategies run (TensorRT-LLM always runs on the GPU)")
+    ap.add_argument("--engine-dir", type=Path, default=PROJECT_ROOT / "engines" / "trtllm")
+    ap.add_argument("--trtllm-python", default=os.environ.get("TRTLLM_PYTHON", "/usr/bin/python3"))
+    ap.add_argument("--rebuild", action="store_true", help="build the engine even if one exists")
+    ap.add_argument("--out", type=Path, default=PROJECT_ROOT / ".cache" / "trtllm_repository")
+    ap.add_argument("--prepare-only", action="store_true", help="write the repository, do not build or serve")
+    ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    args = ap.parse_args()
+
+    repository = prepare_repository(args.out, args.engine_dir, args.device)
+    if args.prepare_only:
+        print(repository)
+        return 0
+    ensure_engine(args.engine_dir, args.trtllm_python, args.rebuild)
+    server = TritonServer(model_repository=repository, http_port=args.http_port, grpc_port=args.grpc_port,
+                          metrics_port=args.metrics_port)
+    os.execve(server.command()[0], server.command(), server.environment())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""continuous_batching_trtllm, the shipped front of the TensorRT-LLM engine, served by a real tritonserver.
+
+TensorRT-LLM needs a GPU, so `tensorrt_llm` here is `trtllm_standin/model.py`: the backend's tensor
+contract over batchlm's engine, under the inputs and outputs of the shipped
+`docker/trtllm/model_repository/tensorrt_llm/config.pbtxt`. Everything else is what the GPU image
+serves: the front's config and model.py, its BLS calls, request ids and `stop` requests.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from batchlm.engine import LLMEngine
+from batchlm.engine_config import EngineConfig
+from batchlm.sampling import SamplingParams
+from batchlm.triton_server import TritonServer, free_port
+from client.arrivals import ArrivalSpec
+from client.benchmark import BenchmarkConfig
+from client.report import measure
+from client.triton_llm import LLMClient, RequestFailed, grpc_inputs, request_fields
+from client.workload import WorkloadSpec, build_requests
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "docker" / "trtllm" / "model_repository"
+MODEL = "continuous_batching_trtllm"
+MAX_IN_FLIGHT = 3
+PROMPT = "Once upon a time"
+
+
+def _standin_config() -> str:
+    """The shipped tensorrt_llm config with the Python backend and the stand-in's parameters."""
+    config = text_format.Parse((SHIPPED / "tensorrt_llm" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    config.backend = "python"
+    config.parameters.clear()
+    config.parameters["model_dir"].string_value = "models/default"
+    return text_format.MessageToString(config)
+
+
+@pytest.fixture(scope="module")
+def trt_server(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("trtllm_repository")
+    (repository / "tensorrt_llm" / "1").mkdir(parents=True)
+    (repository / "tensorrt_llm" / "config.pbtxt").write_text(_standin_config())
+    shutil.copy(Path(__file__).parent / "trtllm_standin" / "model.py", repository / "tensorrt_llm" / "1")
+    shutil.copytree(SHIPPED / MODEL, repository / MODEL, ignore=shutil.ignore_patterns("__pycache__"))
+    front = repository / MODEL / "config.pbtxt"
+    front.write_text(re.sub(r'(key: "max_in_flight" value: \{ string_value: )"\d+"', rf'\1"{MAX_IN_FLIGHT}"',
+                            front.read_text()))
+    log = repository.parent / "trtllm_server.log"
+    srv = TritonServer(model_repository=repository, http_port=free_port(), grpc_port=free_port(),
+                       metrics_port=free_port(), log_path=log)
+    srv.start(timeout=300)
+    yield srv
+    tree = srv.descendants()
+    srv.stop()
+    time.sleep(0.5)
+    assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()], "processes left behind"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The engine in process: what the stand-in's greedy text must be."""
+    engine = LLMEngine(ROOT / "models" / "default", EngineConfig(num_threads=1))
+
+    def text(prompt: str, max_tokens: int) -> str:
+        return engine.generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))[0].text
+    return text
+
+
+@pytest.fixture
+def llm(trt_server):
+    client = LLMClient(trt_server.http_url, trt_server.grpc_url, timeout=120)
+    yield client
+    client.close()
+
+
+def _stopped_ids(server) -> list[str]:
+    return re.findall(r"stand-in stopped (\S+)", Path(server.log_path).read_text(errors="replace"))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_whole_answer_is_the_engines_greedy_text(llm, reference, protocol):
+    result = llm.answer(protocol, MODEL, PROMPT, 12, ignore_eos=True)
+    assert result.text == reference(PROMPT, 12)
+    assert (result.finish_reason, result.num_output_tokens) == ("length", 12)
+    assert result.num_input_tokens > 0
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_stream_sends_the_same_text_in_pieces(llm, reference, protocol):
+    chunks = list(llm.stream(protocol, MODEL, PROMPT, 20, ignore_eos=True, stream=True))
+    assert len([c for c in chunks if c.text]) > 1
+    assert "".join(c.text for c in chunks) == reference(PROMPT, 20)
+    assert (chunks[-1].finish_reason, chunks[-1].num_output_tokens) == ("length", 20)
+
+
+def test_a_stop_string_ends_the_text_and_stops_the_engine_request(llm, trt_server, reference):
+    text = reference(PROMPT, 60)
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    before = len(_stopped_ids(trt_server))
+    result = llm.generate(MODEL, PROMPT, 400, ignore_eos=True, stop=[stop])
+    assert result.finish_reason == "stop"
+    assert result.text == text[:text.index(stop)]
+    assert result.num_output_tokens < 60
+    deadline = time.monotonic() + 10
+    while len(_stopped_ids(trt_server)) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(_stopped_ids(trt_server)) == before + 1, "the engine request went on after the stop string"
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 2000}, "max_tokens"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"text_input": ""}, "text_input"),
+])
+def test_bad_input_is_refused_naming_the_field(trt_server, llm, fields, named):
+    body = {**request_fields(PROMPT, 4), **fields}
+    r = requests.post(f"http://{trt_server.http_url}/v2/models/{MODEL}/generate", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert named in r.json()["error"]
+    assert llm.generate(MODEL, PROMPT, 3).num_output_tokens == 3  # still serving
+
+
+def test_requests_beyond_max_in_flight_are_refused_unavailable(trt_server, llm):
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def run():
+        client = LLMClient(trt_server.http_url, trt_server.grpc_url, timeout=120)
+        try:
+            client.generate(MODEL, PROMPT, 150, ignore_eos=True)
+            outcome = "ok"
+        except RequestFailed as exc:
+            outcome = exc.message
+        finally:
+            client.close()
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=run) for _ in range(MAX_IN_FLIGHT + 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    refused = [o for o in outcomes if o != "ok"]
+    assert outcomes.count("ok") >= MAX_IN_FLIGHT and refused, outcomes
+    assert all("overloaded" in o for o in refused), refused
+    assert llm.generate(MODEL, PROMPT, 3).num_output_tokens == 3
+
+
+def test_a_cancelled_stream_stops_its_engine_request(trt_server, llm):
+    before = len(_stopped_ids(trt_server))
+    client = grpcclient.InferenceServerClient(trt_server.grpc_url)
+    received = threading.Event()
+    client.start_stream(callback=lambda result, error: received.set())
+    inputs = grpc_inputs(request_fields(PROMPT, 800, ignore_eos=True, stream=True), llm.model_config(MODEL))
+    client.async_stream_infer(MODEL, inputs)
+    assert received.wait(30)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.monotonic() + 15
+    while len(_stopped_ids(trt_server)) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(_stopped_ids(trt_server)) == before + 1, "the engine went on generating for a cancelled client"
+    assert llm.generate(MODEL, PROMPT, 3).num_output_tokens == 3
+
+
+def test_the_serving_benchmark_measures_it(trt_server):
+    spec = WorkloadSpec(num_requests=4, seed=3, output_mean=12.0, output_cap=24)
+    requests_ = build_requests(spec)
+    config = BenchmarkConfig(MODEL, trt_server.http_url, trt_server.grpc_url, trt_server.metrics_url,
+                             ArrivalSpec.closed_loop(2))
+    doc = measure(config, requests_, spec.as_dict())
+    summary = doc["summary"]
+    assert summary["failures"] == {} and summary["num_ok"] == len(requests_)
+    assert [r["num_output_tokens"] for r in doc["requests"]] == [r.max_tokens for r in requests_]
+    assert all(0 < r["ttft"] <= r["latency"] for r in doc["requests"])
+    assert doc["streamed"] and summary["itl"]["count"] > 0
+    counted = sum(sample["generated_tokens"] for sample in doc["timeline"])  # the front's own counter
+    assert 0 < counted <= sum(r.max_tokens for r in requests_)

@@ -1,0 +1,146 @@
+"""The TensorRT-LLM front's pure parts: the engine's tensor contract, the front's parameters, the shipped
+configs (parsed with Triton's own protobuf), and the stream buffer it shares with continuous_batching."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from batchlm.errors import InvalidArgument
+from batchlm.request_output import RequestOutput
+from batchlm.sampling import SamplingParams
+from batchlm.serving import trtllm_protocol
+from batchlm.serving.request_schema import INPUTS, OUTPUTS
+from batchlm.serving.serving_config import ServingConfig
+from batchlm.serving.stream_buffer import StreamBuffer
+from batchlm.serving.trtllm_front_config import TrtllmFrontConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = ROOT / "docker" / "trtllm" / "model_repository"
+DTYPE = model_config_pb2.DataType.Name
+
+
+def load(name: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse((REPO / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def test_greedy_request_tensors():
+    t = trtllm_protocol.request_inputs([1, 5, 9], SamplingParams(max_tokens=7), stream=True, eos_token_id=2,
+                                       pad_token_id=2)
+    assert t["input_ids"].tolist() == [[1, 5, 9]] and t["input_ids"].dtype == np.int32
+    assert t["input_lengths"].tolist() == [[3]] and t["request_output_len"].tolist() == [[7]]
+    assert t["runtime_top_k"].tolist() == [[1]] and "temperature" not in t  # greedy
+    assert t["end_id"].tolist() == [[2]] and t["streaming"].tolist() == [[True]]
+    assert "random_seed" not in t and "stop" not in t
+
+
+def test_sampled_request_tensors_and_ignore_eos():
+    params = SamplingParams(max_tokens=4, temperature=0.7, top_k=40, top_p=0.9, seed=2**64 - 1, ignore_eos=True)
+    t = trtllm_protocol.request_inputs([3], params, stream=False, eos_token_id=2, pad_token_id=0)
+    assert t["temperature"].dtype == np.float32 and t["temperature"][0, 0] == pytest.approx(0.7)
+    assert t["runtime_top_k"].tolist() == [[40]] and t["runtime_top_p"][0, 0] == pytest.approx(0.9)
+    assert t["random_seed"].dtype == np.uint64 and int(t["random_seed"][0, 0]) == 2**64 - 1
+    assert "end_id" not in t  # no end id: the engine generates exactly max_tokens
+    assert t["streaming"].tolist() == [[False]]
+
+
+def test_every_tensor_sent_is_declared_by_the_shipped_engine_config_with_its_type():
+    declared = {i.name: DTYPE(i.data_type) for i in load("tensorrt_llm").input}
+    wire = {np.int32: "TYPE_INT32", np.float32: "TYPE_FP32", np.uint64: "TYPE_UINT64", np.bool_: "TYPE_BOOL"}
+    params = SamplingParams(max_tokens=4, temperature=0.5, seed=1)
+    for tensors in (trtllm_protocol.request_inputs([1, 2], params, True, 2, 2), trtllm_protocol.stop_inputs()):
+        for name, array in tensors.items():
+            assert declared[name] == wire[array.dtype.type], name
+    required = {i.name for i in load("tensorrt_llm").input if not i.optional}
+    assert required <= set(trtllm_protocol.stop_inputs())
+    assert set(trtllm_protocol.BACKEND_OUTPUTS) <= {o.name for o in load("tensorrt_llm").output}
+
+
+def test_new_token_ids_reads_beam_zero_up_to_its_length():
+    assert trtllm_protocol.new_token_ids(np.array([[[4, 5, 6, 0]]], np.int32), np.array([[3]], np.int32)) == [4, 5, 6]
+    assert trtllm_protocol.new_token_ids(np.array([[[7]]], np.int32), None) == [7]
+    assert trtllm_protocol.new_token_ids(np.zeros((1, 1, 0), np.int32), np.array([[0]], np.int32)) == []
+    assert trtllm_protocol.new_token_ids(None, None) == []
+
+
+def test_engine_config_is_inflight_batching_and_decoupled():
+    config = load("tensorrt_llm")
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert config.backend == "tensorrtllm" and config.model_transaction_policy.decoupled
+    assert params["gpt_model_type"] == "inflight_fused_batching"
+    assert params["exclude_input_in_output"] == "true"  # the front reads only generated ids
+    assert config.max_batch_size > 0
+
+
+def test_front_config_has_the_shared_schema_and_valid_parameters():
+    config = load("continuous_batching_trtllm")
+    assert config.name == "continuous_batching_trtllm" and config.backend == "python"
+    assert config.model_transaction_policy.decoupled and config.max_batch_size == 0
+    assert {i.name: DTYPE(i.data_type) for i in config.input} == {k: v[0] for k, v in INPUTS.items()}
+    assert {o.name: DTYPE(o.data_type) for o in config.output} == OUTPUTS
+    front = TrtllmFrontConfig.from_parameters({k: v.string_value for k, v in config.parameters.items()})
+    assert front.backend_model == load("tensorrt_llm").name
+    assert sorted(p.name for p in REPO.iterdir()) == ["continuous_batching_trtllm", "tensorrt_llm"]
+
+
+@pytest.mark.parametrize("params, field", [
+    ({"max_in_flight": "0"}, "max_in_flight"),
+    ({"max_model_len": "many"}, "max_model_len"),
+    ({"backend_modle": "x"}, "backend_modle"),
+    ({"backend_model": ""}, "backend_model"),
+])
+def test_front_parameters_are_checked_naming_the_key(params, field):
+    with pytest.raises(InvalidArgument) as err:
+        TrtllmFrontConfig.from_parameters(params)
+    assert err.value.field == field
+
+
+def _out(text, n, finished=False):
+    return RequestOutput("r", text, list(range(n)), finished, None, 3, 0)
+
+
+def test_stream_buffer_sends_first_text_at_once_then_every_interval_tokens():
+    buffer = StreamBuffer(stream=True, interval=3)
+    assert buffer.take(_out("", 1)) is None  # no text yet (a character still incomplete)
+    assert buffer.take(_out("a", 1)) == "a"  # the first text goes at once
+    assert buffer.take(_out("b", 1)) is None and buffer.take(_out("c", 1)) is None
+    assert buffer.take(_out("d", 1)) == "bcd"
+    assert buffer.take(_out("", 0, finished=True)) == ""
+
+
+def test_stream_buffer_without_streaming_answers_once():
+    buffer = StreamBuffer(stream=False)
+    assert buffer.take(_out("a", 1)) is None and buffer.take(_out("b", 1)) is None
+    assert buffer.take(_out("c", 1, finished=True)) == "abc"
+
+
+def test_engine_build_plan_takes_its_limits_from_the_shipped_configs():
+    plan = json.loads(subprocess.run([sys.executable, str(ROOT / "scripts" / "build_trtllm_engine.py"), "--dry-run"],
+                                     check=True, capture_output=True, text=True).stdout)
+    front = TrtllmFrontConfig.from_parameters(
+        {k: v.string_value for k, v in load("continuous_batching_trtllm").parameters.items()})
+    assert plan["max_seq_len"] == front.max_model_len
+    assert plan["max_batch_size"] == load("tensorrt_llm").max_batch_size
+    assert f"--max_seq_len={front.max_model_len}" in plan["trtllm_build"]
+    assert "--use_paged_context_fmha=enable" in plan["trtllm_build"]  # needed by enable_chunked_context
+
+
+def test_served_repository_fills_the_engine_folder_and_the_device(tmp_path):
+    out = tmp_path / "repo"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "serve_trtllm.py"), "--prepare-only", "--out", str(out),
+                    "--engine-dir", str(tmp_path / "engine"), "--device", "cuda"], check=True, capture_output=True)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["static_batching", "dynamic_batching", "continuous_batching", "continuous_batching_trtllm", "tensorrt_llm"])
+    engine = text_format.Parse((out / "tensorrt_llm" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert engine.parameters["gpt_model_path"].string_value == str((tmp_path / "engine").resolve())
+    for name in ("static_batching", "dynamic_batching", "continuous_batching"):
+        config = text_format.Parse((out / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+        serving = ServingConfig.from_parameters({k: v.string_value for k, v in config.parameters.items()})
+        assert serving.engine.device == "cuda", name
+    assert "${" not in (ROOT / "docker" / "trtllm" / "model_repository" / "tensorrt_llm" / "config.pbtxt").read_text() \
+        .replace("${engine_dir}", "")  # the only placeholder is the engine folder
