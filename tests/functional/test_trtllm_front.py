@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
@@ -46,9 +47,8 @@ def _standin_config() -> str:
     return text_format.MessageToString(config)
 
 
-@pytest.fixture(scope="module")
-def trt_server(tmp_path_factory):
-    repository = tmp_path_factory.mktemp("trtllm_repository")
+def _repository(repository: Path) -> Path:
+    """The shipped front (max_in_flight lowered to MAX_IN_FLIGHT) and the stand-in engine model."""
     (repository / "tensorrt_llm" / "1").mkdir(parents=True)
     (repository / "tensorrt_llm" / "config.pbtxt").write_text(_standin_config())
     shutil.copy(Path(__file__).parent / "trtllm_standin" / "model.py", repository / "tensorrt_llm" / "1")
@@ -56,9 +56,17 @@ def trt_server(tmp_path_factory):
     front = repository / MODEL / "config.pbtxt"
     front.write_text(re.sub(r'(key: "max_in_flight" value: \{ string_value: )"\d+"', rf'\1"{MAX_IN_FLIGHT}"',
                             front.read_text()))
-    log = repository.parent / "trtllm_server.log"
-    srv = TritonServer(model_repository=repository, http_port=free_port(), grpc_port=free_port(),
-                       metrics_port=free_port(), log_path=log)
+    return repository
+
+
+def _server(repository: Path) -> TritonServer:
+    return TritonServer(model_repository=repository, http_port=free_port(), grpc_port=free_port(),
+                        metrics_port=free_port(), log_path=repository.parent / f"{repository.name}.log")
+
+
+@pytest.fixture(scope="module")
+def trt_server(tmp_path_factory):
+    srv = _server(_repository(tmp_path_factory.mktemp("trtllm_repository")))
     srv.start(timeout=300)
     yield srv
     tree = srv.descendants()
@@ -189,3 +197,40 @@ def test_the_serving_benchmark_measures_it(trt_server):
     assert doc["streamed"] and summary["itl"]["count"] > 0
     counted = sum(sample["generated_tokens"] for sample in doc["timeline"])  # the front's own counter
     assert 0 < counted <= sum(r.max_tokens for r in requests_)
+
+
+def test_sigterm_with_streams_in_flight_ends_them_and_exits_cleanly(tmp_path):
+    """Shutdown drains or fails what is in flight (never leaves a client hanging), and the server exits by
+    itself, leaving no stub behind: the front's workers and the stand-in's engine thread both stop.
+    NOTE: the clients close their gRPC streams after the SIGTERM, as a client does when it is done: while a
+    client keeps a stream open, tritonserver 2.51 unloads no decoupled model and does not exit, even past
+    its exit timeout (continuous_batching alike; README, "Errors, overload and shutdown")."""
+    srv = _server(_repository(tmp_path / "shutdown_repository"))
+    srv.start(timeout=300)
+    events: dict[int, list] = {i: [] for i in range(2)}
+    clients = []
+    try:
+        for i in range(2):
+            c = grpcclient.InferenceServerClient(srv.grpc_url)
+            c.start_stream(callback=lambda result, error, i=i: events[i].append((result, error)))
+            c.async_stream_infer(MODEL, grpc_inputs(request_fields(f"Stop me {i}", 900, ignore_eos=True, stream=True)))
+            clients.append(c)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and min(len(e) for e in events.values()) < 5:
+            time.sleep(0.05)
+        assert min(len(e) for e in events.values()) >= 5, "the streams did not start"
+        tree = srv.descendants()
+        srv.process.send_signal(signal.SIGTERM)
+        for c in clients:
+            c.stop_stream()  # waits for what is in flight on the stream
+        assert srv.process.wait(timeout=45) == 0, "tritonserver did not exit by itself"
+        time.sleep(0.5)
+        assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()], "processes left behind"
+        for i, stream in events.items():
+            result, error = stream[-1]
+            drained = error is None and result.as_numpy("finish_reason")[0] == b"length"
+            assert drained or error is not None, (i, len(stream))
+    finally:
+        for c in clients:
+            c.close()
+        srv.stop()
