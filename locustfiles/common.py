@@ -5,7 +5,8 @@ travels from the master to the workers in distributed mode. Each option also rea
 variable, so a run can be configured without a command line:
 
     --model            BATCHLM_MODEL            static_batching | dynamic_batching | continuous_batching
-    --stream           BATCHLM_STREAM           auto (on for continuous_batching) | on | off
+                                                | continuous_batching_trtllm (GPU, scripts/serve_trtllm.py)
+    --stream           BATCHLM_STREAM           auto (on for the continuous models) | on | off
     --workload-seed    BATCHLM_WORKLOAD_SEED    seed of the prompts and output lengths (as the benchmark)
     --workload-requests BATCHLM_WORKLOAD_REQUESTS  distinct requests; users cycle through them in order
     --output-mean      BATCHLM_OUTPUT_MEAN      mean output tokens (Exponential), default 128
@@ -38,8 +39,8 @@ if str(PROJECT_ROOT) not in sys.path:
 from client.triton_llm import request_fields  # noqa: E402
 from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noqa: E402
 
-MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
-STREAMING_MODELS = ("continuous_batching",)  # the models that send text as it is made
+MODELS = ("static_batching", "dynamic_batching", "continuous_batching", "continuous_batching_trtllm")
+STREAMING_MODELS = ("continuous_batching", "continuous_batching_trtllm")  # the models that send text as it is made
 
 
 @events.init_command_line_parser.add_listener
@@ -49,7 +50,7 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--model", choices=MODELS, default=env("BATCHLM_MODEL", "continuous_batching"),
                         help="model (batching strategy) to load [env BATCHLM_MODEL]")
     parser.add_argument("--stream", choices=("auto", "on", "off"), default=env("BATCHLM_STREAM", "auto"),
-                        help="ask for streamed text; auto = on for continuous_batching [env BATCHLM_STREAM]")
+                        help="ask for streamed text; auto = on for the continuous models [env BATCHLM_STREAM]")
     parser.add_argument("--workload-seed", type=int, default=int(env("BATCHLM_WORKLOAD_SEED", "0")),
                         help="seed of the benchmark's workload spec [env BATCHLM_WORKLOAD_SEED]")
     parser.add_argument("--workload-requests", type=int, default=int(env("BATCHLM_WORKLOAD_REQUESTS", "200")),

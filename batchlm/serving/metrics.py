@@ -70,7 +70,10 @@ class ModelMetrics:
         flight (waiting in or running on the engine it fronts) as `running`."""
         with self._lock:
             self._gauges["running"] = requests
-        self._flush_if_due()
+        if requests == 0:
+            self.flush()  # idle: push everything pending now (as record_idle)
+        else:
+            self._flush_if_due()
 
     def record_tokens(self, new_tokens: int) -> None:
         with self._lock:

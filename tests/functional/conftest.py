@@ -26,7 +26,7 @@ def server(tmp_path_factory):
     tree = srv.descendants()
     srv.stop()
     time.sleep(0.5)
-    alive = [pid for pid in tree if _alive(pid)]
+    alive = [pid for pid in tree if is_alive(pid)]
     assert not alive, f"processes left behind by tritonserver: {alive}"
 
 
@@ -37,7 +37,7 @@ def llm(server):
     client.close()
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

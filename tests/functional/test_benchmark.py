@@ -19,6 +19,7 @@ from client.benchmark import BenchmarkConfig
 from client.cli import main as cli_main
 from client.report import measure, write_run
 from client.workload import WorkloadSpec, build_requests
+from tests.functional.conftest import is_alive
 
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")
 SPEC = WorkloadSpec(num_requests=8, output_mean=12.0, output_cap=24)  # 8: static needs a full batch
@@ -144,14 +145,6 @@ def _process_tree(root: int) -> dict[int, str]:
     return tree
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def test_sigterm_to_a_benchmark_that_started_its_server_leaves_no_process(tmp_path):
     """The server dies with the script (PDEATHSIG) but its stubs would not: SIGTERM must run stop()."""
     proc = subprocess.Popen(
@@ -172,14 +165,14 @@ def test_sigterm_to_a_benchmark_that_started_its_server_leaves_no_process(tmp_pa
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) != 0
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
+        while time.monotonic() < deadline and any(is_alive(pid) for pid in tree):
             time.sleep(0.2)
-        assert not [cmd[:80] for pid, cmd in tree.items() if _alive(pid)]
+        assert not [cmd[:80] for pid, cmd in tree.items() if is_alive(pid)]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         for pid in {**tree, **_process_tree(proc.pid)}:  # orphans too: their parent is no longer proc
-            if _alive(pid):
+            if is_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

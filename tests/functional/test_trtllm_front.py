@@ -24,12 +24,14 @@ from tritonclient.grpc import model_config_pb2
 from batchlm.engine import LLMEngine
 from batchlm.engine_config import EngineConfig
 from batchlm.sampling import SamplingParams
+from batchlm.serving.serving_config import SERVING_KEYS
 from batchlm.triton_server import TritonServer, free_port
 from client.arrivals import ArrivalSpec
 from client.benchmark import BenchmarkConfig
 from client.report import measure
 from client.triton_llm import LLMClient, RequestFailed, grpc_inputs, request_fields
 from client.workload import WorkloadSpec, build_requests
+from tests.functional.conftest import is_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "docker" / "trtllm" / "model_repository"
@@ -38,12 +40,18 @@ MAX_IN_FLIGHT = 3
 PROMPT = "Once upon a time"
 
 
+def _parse(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
 def _standin_config() -> str:
-    """The shipped tensorrt_llm config with the Python backend and the stand-in's parameters."""
-    config = text_format.Parse((SHIPPED / "tensorrt_llm" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    """The shipped tensorrt_llm config with the Python backend and continuous_batching's engine parameters."""
+    config = _parse(SHIPPED / "tensorrt_llm" / "config.pbtxt")
     config.backend = "python"
     config.parameters.clear()
-    config.parameters["model_dir"].string_value = "models/default"
+    for key, value in _parse(ROOT / "model_repository" / "continuous_batching" / "config.pbtxt").parameters.items():
+        if key not in SERVING_KEYS or key == "model_dir":
+            config.parameters[key].string_value = value.string_value
     return text_format.MessageToString(config)
 
 
@@ -72,7 +80,7 @@ def trt_server(tmp_path_factory):
     tree = srv.descendants()
     srv.stop()
     time.sleep(0.5)
-    assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()], "processes left behind"
+    assert not [pid for pid in tree if is_alive(pid)], "processes left behind"
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +233,7 @@ def test_sigterm_with_streams_in_flight_ends_them_and_exits_cleanly(tmp_path):
             c.stop_stream()  # waits for what is in flight on the stream
         assert srv.process.wait(timeout=45) == 0, "tritonserver did not exit by itself"
         time.sleep(0.5)
-        assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()], "processes left behind"
+        assert not [pid for pid in tree if is_alive(pid)], "processes left behind"
         for i, stream in events.items():
             result, error = stream[-1]
             drained = error is None and result.as_numpy("finish_reason")[0] == b"length"

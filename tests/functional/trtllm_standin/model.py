@@ -8,7 +8,8 @@ streaming, `stop` requests. What it takes from the contract (see batchlm.serving
 `runtime_top_k` 1 = greedy, `temperature` / `runtime_top_k` / `runtime_top_p`, `random_seed`,
 `streaming`, and `stop`, which ends the running request that has the same request id. Responses carry
 only generated ids (`exclude_input_in_output`): each step's new ones when streaming.
-Every request it stops is logged as "stand-in stopped <id>", for the tests to find.
+Every request it stops is logged as "stand-in stopped <id>", for the tests to find. Its parameters are
+`continuous_batching`'s (the test copies them), so the engine behind the front is that model's engine.
 """
 
 import json
@@ -18,9 +19,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from batchlm.engine import LLMEngine
-from batchlm.engine_config import EngineConfig
 from batchlm.owner_thread import OwnerThread
 from batchlm.sampling import SamplingParams
+from batchlm.serving.serving_config import ServingConfig
 from batchlm.serving.triton_io import resolve_model_dir
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -56,13 +57,13 @@ def _params(request):
 class TritonPythonModel:
     def initialize(self, args):
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
-        model_dir = resolve_model_dir(params["model_dir"])
+        serving = ServingConfig.from_parameters(params)  # continuous_batching's engine settings
+        model_dir = resolve_model_dir(serving.model_dir)
         self._lock = threading.Condition()
         self._inbox = []  # ("add", id, ids, params, stream, sender) or ("stop", id); guarded by _lock
         self._closed = False
         self._senders = {}  # request id -> (sender, stream, ids so far); owned by the engine thread
-        config = EngineConfig(num_threads=1, max_num_seqs=int(params.get("max_num_seqs", "8")))
-        self._thread = OwnerThread("standin-engine", lambda: LLMEngine(model_dir, config), self._run)
+        self._thread = OwnerThread("standin-engine", lambda: LLMEngine(model_dir, serving.engine), self._run)
 
     def execute(self, requests):
         for request in requests:
