@@ -46,6 +46,8 @@ class ModelMetrics:
                 self._families.append(family)
                 self._metrics[key] = family.Metric(labels=labels)
         self._lock = threading.Lock()
+        # NOTE: pb_utils metric calls are made by one thread at a time (a model may record from many)
+        self._flush_lock = threading.Lock()
         self._gauges: dict[str, float] = {}  # pending gauge values, guarded by _lock
         self._deltas: dict[str, float] = {key: 0.0 for key in _COUNTERS}  # pending counter increments
         self._pushed: dict[str, float] = {}  # gauge values the server has, to skip unchanged ones
@@ -93,6 +95,10 @@ class ModelMetrics:
         self.flush()
 
     def flush(self) -> None:
+        with self._flush_lock:
+            self._flush()
+
+    def _flush(self) -> None:
         with self._lock:
             gauges = {k: v for k, v in self._gauges.items() if self._pushed.get(k) != v}
             self._pushed.update(gauges)

@@ -9,7 +9,6 @@ serves: the front's config and model.py, its BLS calls, request ids and `stop` r
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import threading
 import time
@@ -18,13 +17,10 @@ from pathlib import Path
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from batchlm.engine import LLMEngine
 from batchlm.engine_config import EngineConfig
 from batchlm.sampling import SamplingParams
-from batchlm.serving.serving_config import SERVING_KEYS
 from batchlm.triton_server import TritonServer, free_port
 from client.arrivals import ArrivalSpec
 from client.benchmark import BenchmarkConfig
@@ -32,39 +28,16 @@ from client.report import measure
 from client.triton_llm import LLMClient, RequestFailed, grpc_inputs, request_fields
 from client.workload import WorkloadSpec, build_requests
 from tests.functional.conftest import is_alive
+from tests.functional.trtllm_standin import standin_repository
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "docker" / "trtllm" / "model_repository"
 MODEL = "continuous_batching_trtllm"
 MAX_IN_FLIGHT = 3
 PROMPT = "Once upon a time"
 
 
-def _parse(path: Path) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
-
-
-def _standin_config() -> str:
-    """The shipped tensorrt_llm config with the Python backend and continuous_batching's engine parameters."""
-    config = _parse(SHIPPED / "tensorrt_llm" / "config.pbtxt")
-    config.backend = "python"
-    config.parameters.clear()
-    for key, value in _parse(ROOT / "model_repository" / "continuous_batching" / "config.pbtxt").parameters.items():
-        if key not in SERVING_KEYS or key == "model_dir":
-            config.parameters[key].string_value = value.string_value
-    return text_format.MessageToString(config)
-
-
 def _repository(repository: Path) -> Path:
-    """The shipped front (max_in_flight lowered to MAX_IN_FLIGHT) and the stand-in engine model."""
-    (repository / "tensorrt_llm" / "1").mkdir(parents=True)
-    (repository / "tensorrt_llm" / "config.pbtxt").write_text(_standin_config())
-    shutil.copy(Path(__file__).parent / "trtllm_standin" / "model.py", repository / "tensorrt_llm" / "1")
-    shutil.copytree(SHIPPED / MODEL, repository / MODEL, ignore=shutil.ignore_patterns("__pycache__"))
-    front = repository / MODEL / "config.pbtxt"
-    front.write_text(re.sub(r'(key: "max_in_flight" value: \{ string_value: )"\d+"', rf'\1"{MAX_IN_FLIGHT}"',
-                            front.read_text()))
-    return repository
+    return standin_repository(repository, MAX_IN_FLIGHT)
 
 
 def _server(repository: Path) -> TritonServer:

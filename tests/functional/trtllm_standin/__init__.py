@@ -1,0 +1,45 @@
+"""A model repository with the shipped `continuous_batching_trtllm` in front of the stand-in `tensorrt_llm`
+(`model.py` here: TensorRT-LLM's tensor contract over batchlm's engine, for machines without a GPU)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from batchlm.serving.serving_config import SERVING_KEYS
+
+ROOT = Path(__file__).resolve().parents[3]
+SHIPPED = ROOT / "docker" / "trtllm" / "model_repository"
+FRONT = "continuous_batching_trtllm"
+
+
+def _parse(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def standin_config() -> str:
+    """The shipped tensorrt_llm config with the Python backend and continuous_batching's engine parameters."""
+    config = _parse(SHIPPED / "tensorrt_llm" / "config.pbtxt")
+    config.backend = "python"
+    config.parameters.clear()
+    for key, value in _parse(ROOT / "model_repository" / "continuous_batching" / "config.pbtxt").parameters.items():
+        if key not in SERVING_KEYS or key == "model_dir":
+            config.parameters[key].string_value = value.string_value
+    return text_format.MessageToString(config)
+
+
+def standin_repository(repository: Path, max_in_flight: int | None = None) -> Path:
+    """Write the two models into `repository` (the front's max_in_flight replaced if given)."""
+    (repository / "tensorrt_llm" / "1").mkdir(parents=True)
+    (repository / "tensorrt_llm" / "config.pbtxt").write_text(standin_config())
+    shutil.copy(Path(__file__).parent / "model.py", repository / "tensorrt_llm" / "1")
+    shutil.copytree(SHIPPED / FRONT, repository / FRONT, ignore=shutil.ignore_patterns("__pycache__"))
+    if max_in_flight is not None:
+        front = repository / FRONT / "config.pbtxt"
+        front.write_text(re.sub(r'(key: "max_in_flight" value: \{ string_value: )"\d+"', rf'\1"{max_in_flight}"',
+                                front.read_text()))
+    return repository
