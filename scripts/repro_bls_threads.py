@@ -1,0 +1,173 @@
+#!/usr/bin/env python
+"""A minimal reproducer of the Python backend defect behind continuous_batching_trtllm's crash: decoupled
+BLS calls iterated from many threads of one stub. No batchlm model code: two tiny Python models.
+
+    python scripts/repro_bls_threads.py [--concurrency 16] [--requests 1600] [--responses 100] [-- TRITON_ARGS]
+
+`callee` (decoupled) answers N responses, one per 2 ms step, from its own thread. `caller` (decoupled)
+starts a thread per request that makes one decoupled BLS call to `callee`, iterates its responses and
+answers the client once. Clients: --concurrency gRPC streams, one request at a time each. A request
+unanswered for 30 s counts as stalled. Prints what was answered, which stubs are alive at the end, and
+any heap-corruption line tritonserver logged; exits 1 if a request stalled or a stub died.
+On this project's tritonserver 2.51 (session 18, this script and its scratch predecessor): at 32 in
+flight the caller's stub died after 96 and 320 requests (the second with `thread-pool-size=128`); at 16
+after 80 and 208, at 4 after 232 in one run of two (the other answered all 800); at 2 and at 1, 400 and
+200 requests all finished. The log showed `corrupted size vs. prev_size in fastbins`,
+`malloc_consolidate(): unaligned fastbin chunk detected`, `malloc(): unaligned fastbin chunk detected`,
+or nothing. Related upstream: triton-inference-server/python_backend#325 (2023, "Fix BLS decoupled
+segfault and hang"), merged long before 2.51.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import re
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from batchlm.triton_server import TritonServer, free_port, process_tree  # noqa: E402
+
+CALLEE_CONFIG = """name: "callee"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+CALLEE = '''import queue, threading, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.inbox = queue.Queue()
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def execute(self, requests):
+        for r in requests:
+            self.inbox.put([r.get_response_sender(), int(pb_utils.get_input_tensor_by_name(r, "N").as_numpy()[0])])
+        return None
+
+    def run(self):
+        active = []
+        while True:
+            try:
+                while True:
+                    active.append(self.inbox.get(block=not active))
+            except queue.Empty:
+                pass
+            time.sleep(0.002)  # one step
+            for item in list(active):
+                item[1] -= 1
+                response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([item[1]], np.int32))])
+                if item[1] <= 0:
+                    item[0].send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    active.remove(item)
+                else:
+                    item[0].send(response)
+'''
+CALLER_CONFIG = CALLEE_CONFIG.replace('"callee"', '"caller"').replace('name: "OUT" data_type: TYPE_INT32 dims: [ -1 ]',
+                                                                      'name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ]')
+CALLER = '''import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            n = pb_utils.get_input_tensor_by_name(r, "N").as_numpy().copy()
+            threading.Thread(target=self.serve, args=(r.get_response_sender(), n), daemon=True).start()
+        return None
+
+    def serve(self, sender, n):
+        call = pb_utils.InferenceRequest(model_name="callee", inputs=[pb_utils.Tensor("N", n)],
+                                         requested_output_names=["OUT"])
+        count = sum(1 for response in call.exec(decoupled=True)
+                    if pb_utils.get_output_tensor_by_name(response, "OUT") is not None)
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("COUNT", np.array([count], np.int32))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+HEAP = re.compile(r"corrupt|double free|malloc|free\(\)|Segmentation|Aborted")
+
+
+def _stub_model(pid: int) -> str | None:
+    """The model a live Python backend stub serves (its first argument is <repository>/<model>/1/model.py)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+    except OSError:
+        return None
+    return argv[1].split("/")[-3] if len(argv) > 1 and argv[1].endswith("model.py") else None
+
+
+def write_repository(root: Path) -> Path:
+    for name, config, code in (("callee", CALLEE_CONFIG, CALLEE), ("caller", CALLER_CONFIG, CALLER)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(config)
+        (root / name / "1" / "model.py").write_text(code)
+    return root
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=1600)
+    ap.add_argument("--responses", type=int, default=100, help="responses per BLS call")
+    ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bls_threads_"))
+    server = TritonServer(model_repository=write_repository(work / "repository"), http_port=free_port(),
+                          grpc_port=free_port(), metrics_port=free_port(), log_path=work / "server.log",
+                          extra_args=tuple(args.extra))
+    answered, stalled, lock = [0], [0], threading.Lock()
+
+    def client(count: int) -> None:
+        c = grpcclient.InferenceServerClient(server.grpc_url)
+        responses: queue.Queue = queue.Queue()
+        c.start_stream(callback=lambda result, error: responses.put(error))
+        try:
+            for _ in range(count):
+                n = grpcclient.InferInput("N", [1], "INT32")
+                n.set_data_from_numpy(np.array([args.responses], np.int32))
+                c.async_stream_infer("caller", [n])
+                try:
+                    responses.get(timeout=30)
+                except queue.Empty:
+                    with lock:
+                        stalled[0] += 1
+                    return
+                with lock:
+                    answered[0] += 1
+        finally:
+            c.stop_stream(cancel_requests=True)
+            c.close()
+
+    with server:
+        start = time.monotonic()
+        threads = [threading.Thread(target=client, args=(args.requests // args.concurrency,))
+                   for _ in range(args.concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        alive = sorted(_stub_model(pid) for pid in process_tree(server.process.pid) if _stub_model(pid))
+        elapsed = time.monotonic() - start
+    heap = [line for line in (work / "server.log").read_text(errors="replace").splitlines() if HEAP.search(line)]
+    print(f"answered {answered[0]} of {args.requests}, stalled {stalled[0]}, in {elapsed:.1f}s; "
+          f"stubs alive at the end: {alive}; heap errors logged: {heap or 'none'}; log: {work / 'server.log'}")
+    return 1 if stalled[0] or alive != ["callee", "caller"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
