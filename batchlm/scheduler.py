@@ -225,7 +225,11 @@ def check_fits(config: EngineConfig, num_prompt_tokens: int, max_tokens: int) ->
     """Raise InvalidArgument unless a request of this size could run, alone, under `config`."""
     if num_prompt_tokens == 0:
         raise InvalidArgument("prompt", "is empty")
-    limit = min(config.max_model_len, config.num_kv_tokens)
+    check_request_size(num_prompt_tokens, max_tokens, min(config.max_model_len, config.num_kv_tokens))
+
+
+def check_request_size(num_prompt_tokens: int, max_tokens: int, limit: int) -> None:
+    """Raise InvalidArgument unless prompt + max_tokens fits in `limit` tokens (an engine's max length)."""
     if num_prompt_tokens > limit:
         raise InvalidArgument("prompt", f"{num_prompt_tokens} tokens exceed the limit of {limit}")
     if num_prompt_tokens + max_tokens > limit:

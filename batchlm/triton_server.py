@@ -162,6 +162,19 @@ class TritonServer:
         """PIDs of the server's process tree (stubs included), read from /proc."""
         return [] if self.process is None else process_tree(self.process.pid)
 
+    def stubs(self) -> dict[int, str]:
+        """Live Python backend stubs of this server: pid -> the model each serves."""
+        found = {}
+        for pid in self.descendants():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+            except OSError:
+                continue
+            # NOTE: a stub's first argument is <repository>/<model>/<version>/model.py
+            if argv[0].endswith("triton_python_backend_stub") and len(argv) > 1:
+                found[pid] = Path(argv[1]).parents[1].name
+        return found
+
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM the server (it unloads models, which stops their threads), then kill what is left."""
         if self.process is None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batchlm.triton_server import TritonServer, free_port, process_tree  # noqa: E402
+from batchlm.triton_server import TritonServer, free_port  # noqa: E402
 from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import BenchmarkConfig  # noqa: E402
 from client.report import measure  # noqa: E402
@@ -45,15 +45,11 @@ TICKS = os.sysconf("SC_CLK_TCK")
 def stub_cpu(server: TritonServer) -> dict[str, float]:
     """CPU seconds (user + system) of each Python stub of `server`, by the model it serves."""
     seconds = {}
-    for pid in process_tree(server.process.pid):
+    for pid, model in server.stubs().items():
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if not cmdline or not cmdline[0].endswith("triton_python_backend_stub"):
-            continue
-        model = next((name for name in (FRONT, "tensorrt_llm", DIRECT) if f"/{name}/" in cmdline[1]), cmdline[1])
         seconds[model] = (int(stat[11]) + int(stat[12])) / TICKS
     return seconds
 

@@ -33,7 +33,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from batchlm.triton_server import TritonServer, free_port, process_tree  # noqa: E402
+from batchlm.triton_server import TritonServer, free_port  # noqa: E402
 
 CALLEE_CONFIG = """name: "callee"
 backend: "python"
@@ -101,15 +101,6 @@ class TritonPythonModel:
 HEAP = re.compile(r"corrupt|double free|malloc|free\(\)|Segmentation|Aborted")
 
 
-def _stub_model(pid: int) -> str | None:
-    """The model a live Python backend stub serves (its first argument is <repository>/<model>/1/model.py)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
-    except OSError:
-        return None
-    return argv[1].split("/")[-3] if len(argv) > 1 and argv[1].endswith("model.py") else None
-
-
 def write_repository(root: Path) -> Path:
     for name, config, code in (("callee", CALLEE_CONFIG, CALLEE), ("caller", CALLER_CONFIG, CALLER)):
         (root / name / "1").mkdir(parents=True)
@@ -161,7 +152,7 @@ def main() -> int:
             t.start()
         for t in threads:
             t.join()
-        alive = sorted(_stub_model(pid) for pid in process_tree(server.process.pid) if _stub_model(pid))
+        alive = sorted(server.stubs().values())
         elapsed = time.monotonic() - start
     heap = [line for line in (work / "server.log").read_text(errors="replace").splitlines() if HEAP.search(line)]
     print(f"answered {answered[0]} of {args.requests}, stalled {stalled[0]}, in {elapsed:.1f}s; "

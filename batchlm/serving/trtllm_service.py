@@ -27,6 +27,7 @@ from typing import Protocol
 from batchlm.errors import InvalidArgument, Unavailable
 from batchlm.request_output import RequestOutput
 from batchlm.sampling import SamplingParams
+from batchlm.scheduler import check_request_size
 from batchlm.sequence import FinishReason, Sequence
 from batchlm.serving import triton_io
 from batchlm.serving.cancellation_watcher import CancellationWatcher
@@ -66,6 +67,7 @@ class _Flight:
     seq: Sequence
     buffer: StreamBuffer
     cancelled: threading.Event = field(default_factory=threading.Event)  # set by the watcher
+    worker: threading.Thread | None = None  # serves this request (set at submit)
     answered: bool = False  # the final response was sent
     stopped: bool = False  # a stop request was sent to the engine
 
@@ -82,7 +84,6 @@ class TrtllmFrontService:
         self._prefix = uuid.uuid4().hex[:8]  # NOTE: engine request ids must be unique across instances
         self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}  # guarded by _lock
-        self._workers: dict[str, threading.Thread] = {}  # guarded by _lock
         self._closed = False  # guarded by _lock
         self._watcher = CancellationWatcher(config.cancellation_check_period_ms / 1000, self._on_cancelled,
                                             name="batchlm-trtllm-cancel-watch")
@@ -95,7 +96,7 @@ class TrtllmFrontService:
         try:
             request = triton_io.parse_request(raw_request)
             prompt_ids = self._tokenizer.encode(request.prompt)
-            self._check_fits(len(prompt_ids), request.params.max_tokens)
+            check_request_size(len(prompt_ids), request.params.max_tokens, self._config.max_model_len)
         except InvalidArgument as exc:
             triton_io.send_final(sender, triton_io.error_response(exc))
             return
@@ -113,16 +114,15 @@ class TrtllmFrontService:
             else:
                 error = None
                 self._flights[request_id] = flight
-                worker = threading.Thread(target=self._serve, args=(flight,), name=f"batchlm-{request_id}",
-                                          daemon=True)
-                self._workers[request_id] = worker
+                flight.worker = threading.Thread(target=self._serve, args=(flight,), name=f"batchlm-{request_id}",
+                                                 daemon=True)
                 in_flight = len(self._flights)
         if error is not None:
             triton_io.send_final(sender, triton_io.error_response(error))
             return
         self._watcher.watch(request_id, sender)
         self._metrics.record_in_flight(in_flight)
-        worker.start()
+        flight.worker.start()
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine's requests and the workers within `timeout` seconds; a client that got no
@@ -131,12 +131,12 @@ class TrtllmFrontService:
         with self._lock:
             self._closed = True
             flights = list(self._flights.values())
-            workers = list(self._workers.values())
         self._watcher.close(timeout)
         for flight in flights:
             self._stop_engine_request(flight)
-        for worker in workers:
-            worker.join(max(0.0, deadline - time.monotonic()))
+        for flight in flights:
+            if flight.worker.ident is not None:  # NOTE: submit() starts it just after registering it
+                flight.worker.join(max(0.0, deadline - time.monotonic()))
 
     # -- the watcher's thread ---------------------------------------------------------------
     def _on_cancelled(self, request_ids: list[str]) -> None:
@@ -165,7 +165,6 @@ class TrtllmFrontService:
             self._watcher.unwatch(flight.request_id)
             with self._lock:
                 self._flights.pop(flight.request_id, None)
-                self._workers.pop(flight.request_id, None)
                 in_flight = len(self._flights)
             self._metrics.record_in_flight(in_flight)
 
@@ -226,6 +225,7 @@ class TrtllmFrontService:
         triton_io.send_final_quietly(flight.sender, response)
 
     def _stop_engine_request(self, flight: _Flight) -> None:
+        # NOTE: the worker, the watcher and close() may race here; a second stop for an id is harmless
         if flight.stopped:
             return
         flight.stopped = True
@@ -233,12 +233,3 @@ class TrtllmFrontService:
             self._backend.stop(flight.request_id)
         except Exception as exc:  # noqa: BLE001 - the request may have ended meanwhile
             triton_io.log_verbose(f"{self._name}: stopping {flight.request_id}: {exc!r}")
-
-    def _check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
-        limit = self._config.max_model_len
-        if num_prompt_tokens >= limit:
-            raise InvalidArgument("text_input", f"is {num_prompt_tokens} tokens; the engine takes at most "
-                                  f"{limit - 1} with max_tokens")
-        if num_prompt_tokens + max_tokens > limit:
-            raise InvalidArgument("max_tokens", f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) "
-                                  f"exceeds the engine's max_model_len {limit}")
