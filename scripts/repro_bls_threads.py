@@ -2,7 +2,8 @@
 """A minimal reproducer of the Python backend defect behind continuous_batching_trtllm's crash: decoupled
 BLS calls iterated from many threads of one stub. No batchlm model code: two tiny Python models.
 
-    python scripts/repro_bls_threads.py [--concurrency 16] [--requests 1600] [--responses 100] [-- TRITON_ARGS]
+    python scripts/repro_bls_threads.py [--concurrency 16] [--requests 1600] [--responses 100] [--noise]
+                                        [--remedy] [--work DIR] [-- TRITON_ARGS]
 
 `callee` (decoupled) answers N responses, one per 2 ms step, from its own thread. `caller` (decoupled)
 starts a thread per request that makes one decoupled BLS call to `callee`, iterates its responses and
@@ -14,8 +15,13 @@ flight the caller's stub died after 96 and 320 requests (the second with `thread
 after 80 and 208, at 4 after 232 in one run of two (the other answered all 800); at 2 and at 1, 400 and
 200 requests all finished. The log showed `corrupted size vs. prev_size in fastbins`,
 `malloc_consolidate(): unaligned fastbin chunk detected`, `malloc(): unaligned fastbin chunk detected`,
-or nothing. Related upstream: triton-inference-server/python_backend#325 (2023, "Fix BLS decoupled
-segfault and hang"), merged long before 2.51.
+or nothing. On session 19's machine the same script answered every request (16 in flight, 1,600
+requests, twice; 32 in flight, 3,200, twice): the race below is timing-dependent.
+The cause (python_backend r24.10 source): a finished call's response iterator is shared by Python and
+the stub's routing map, and the map lets go on the stub's message thread, without the GIL. When Python
+let go first (here: as soon as `sum` returns), the iterator and its responses' numpy arrays are freed
+on that thread while Python threads run. `batchlm/serving/bls_reaper.py` explains the remedy the
+front uses; `scripts/stress_trtllm_front.py` measures it.
 """
 
 from __future__ import annotations
@@ -82,8 +88,22 @@ CALLER = '''import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+NOISE, REMEDY = False, False  # set by write_repository
+
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.quiet = threading.Event()
+        if NOISE:  # log round trips queued ahead of each call's cleanup: Python lets go of its iterator first
+            threading.Thread(target=self.noise, daemon=True).start()
+
+    def finalize(self):
+        self.quiet.set()
+
+    def noise(self):
+        while not self.quiet.is_set():
+            pb_utils.Logger.log_verbose("noise")
+
     def execute(self, requests):
         for r in requests:
             n = pb_utils.get_input_tensor_by_name(r, "N").as_numpy().copy()
@@ -93,16 +113,20 @@ class TritonPythonModel:
     def serve(self, sender, n):
         call = pb_utils.InferenceRequest(model_name="callee", inputs=[pb_utils.Tensor("N", n)],
                                          requested_output_names=["OUT"])
-        count = sum(1 for response in call.exec(decoupled=True)
-                    if pb_utils.get_output_tensor_by_name(response, "OUT") is not None)
+        responses = call.exec(decoupled=True)
+        count = sum(1 for response in responses if pb_utils.get_output_tensor_by_name(response, "OUT") is not None)
+        if REMEDY:  # a round trip queued behind the call's cleanup: the stub has let go once it is answered
+            sender.is_cancelled()
+        del responses  # Python's share of the iterator
         sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("COUNT", np.array([count], np.int32))]),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
 HEAP = re.compile(r"corrupt|double free|malloc|free\(\)|Segmentation|Aborted")
 
 
-def write_repository(root: Path) -> Path:
-    for name, config, code in (("callee", CALLEE_CONFIG, CALLEE), ("caller", CALLER_CONFIG, CALLER)):
+def write_repository(root: Path, noise: bool, remedy: bool) -> Path:
+    caller = CALLER.replace("NOISE, REMEDY = False, False", f"NOISE, REMEDY = {noise}, {remedy}")
+    for name, config, code in (("callee", CALLEE_CONFIG, CALLEE), ("caller", CALLER_CONFIG, caller)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
         (root / name / "1" / "model.py").write_text(code)
@@ -114,13 +138,18 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--requests", type=int, default=1600)
     ap.add_argument("--responses", type=int, default=100, help="responses per BLS call")
+    ap.add_argument("--noise", action="store_true",
+                    help="a caller thread logging without pause, so each call's cleanup waits in the stub's queue")
+    ap.add_argument("--remedy", action="store_true",
+                    help="after each call, one is_cancelled() round trip before Python lets go of its iterator")
+    ap.add_argument("--work", type=Path, help="an empty folder for the repository and the log (default: a new temp one)")
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="bls_threads_"))
-    server = TritonServer(model_repository=write_repository(work / "repository"), http_port=free_port(),
-                          grpc_port=free_port(), metrics_port=free_port(), log_path=work / "server.log",
-                          extra_args=tuple(args.extra))
+    work = args.work or Path(tempfile.mkdtemp(prefix="bls_threads_"))
+    server = TritonServer(model_repository=write_repository(work / "repository", args.noise, args.remedy),
+                          http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          log_path=work / "server.log", extra_args=tuple(args.extra))
     answered, stalled, lock = [0], [0], threading.Lock()
 
     def client(count: int) -> None:

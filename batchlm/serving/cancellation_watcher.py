@@ -14,6 +14,9 @@ Contract:
 - Every watched request is asked at most once per `period` seconds; ids found cancelled are handed to
   `on_cancelled` (from the watcher's thread), each once.
 - `close()` stops the thread and returns when it has stopped (or after `timeout`).
+- With a `reaper` (`batchlm.serving.bls_reaper.BlsReaper`), a sweep in which at least one ask was
+  answered "not cancelled" (always a round trip; a "cancelled" answer may be the stub's cached one)
+  releases what was retired before the sweep began.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from batchlm.serving.bls_reaper import BlsReaper
+
 
 class CancellationWatcher:
     def __init__(self, period: float, on_cancelled: Callable[[list[str]], None],
-                 name: str = "batchlm-cancel-watch") -> None:
+                 name: str = "batchlm-cancel-watch", reaper: BlsReaper | None = None) -> None:
         if period <= 0:
             raise ValueError(f"period must be > 0, got {period}")
         self._period = period
         self._on_cancelled = on_cancelled
+        self._reaper = reaper
         # NOTE: held while a sender is asked, so unwatch() waits out an ask in flight (a ~0.1 ms round trip).
         self._lock = threading.Lock()
         self._watched: dict[str, object] = {}  # guarded by _lock
@@ -50,24 +56,33 @@ class CancellationWatcher:
 
     def _run(self) -> None:
         while not self._stop.wait(self._period):
+            mark = self._reaper.mark() if self._reaper is not None else 0
             with self._lock:
                 request_ids = list(self._watched)
             cancelled = []
+            round_trip = False
             for request_id in request_ids:
                 if self._stop.is_set():
                     return
                 with self._lock:
                     sender = self._watched.get(request_id)
-                    if sender is None or not _asks_cancelled(sender):
+                    if sender is None:
+                        continue
+                    answer = _ask_cancelled(sender)
+                    round_trip = round_trip or answer is False
+                    if not answer:
                         continue
                     del self._watched[request_id]  # reported once
                 cancelled.append(request_id)
+            if round_trip and self._reaper is not None:
+                self._reaper.release(mark)
             if cancelled:
                 self._on_cancelled(cancelled)
 
 
-def _asks_cancelled(sender) -> bool:
+def _ask_cancelled(sender) -> bool | None:
+    """The sender's answer; None if asking failed."""
     try:
         return bool(sender.is_cancelled())
     except Exception:  # noqa: BLE001 - a server going away: the request is failed by the service's close()
-        return False
+        return None

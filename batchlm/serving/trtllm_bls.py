@@ -5,6 +5,10 @@ Imported only inside the backend stub (needs triton_python_backend_utils). The t
 the Python backend of tritonserver 2.51 has no way to cancel a BLS call from the caller's side, so a
 request is ended early the way TensorRT-LLM's backend offers: a second request with the same request id
 and `stop` set.
+
+Every call's iterator is read to its final response (an iterator left unfinished is never freed by the
+stub) and then handed to the `BlsReaper`, never dropped here: see `batchlm.serving.bls_reaper` for the
+stub's heap corruption that dropping it here causes.
 """
 
 from __future__ import annotations
@@ -15,27 +19,47 @@ import triton_python_backend_utils as pb_utils
 
 from batchlm.sampling import SamplingParams
 from batchlm.serving import trtllm_protocol
+from batchlm.serving.bls_reaper import BlsReaper
 from batchlm.serving.trtllm_service import BackendError
 
 
 class TrtllmBls:
-    def __init__(self, model_name: str, eos_token_id: int | None, pad_token_id: int) -> None:
+    def __init__(self, model_name: str, eos_token_id: int | None, pad_token_id: int, reaper: BlsReaper) -> None:
         self.model_name = model_name
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
+        self.reaper = reaper
 
     def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                  stream: bool) -> Iterator[list[int]]:
         inputs = trtllm_protocol.request_inputs(prompt_ids, params, stream, self.eos_token_id, self.pad_token_id)
-        for response in self._exec(request_id, inputs):
-            if response.has_error():
-                raise BackendError(f"{self.model_name}: {response.error().message()}")
-            yield trtllm_protocol.new_token_ids(_output(response, "output_ids"), _output(response, "sequence_length"))
+        responses = self._exec(request_id, inputs)
+        finished = False
+        try:
+            for response in responses:
+                if response.has_error():
+                    raise BackendError(f"{self.model_name}: {response.error().message()}")
+                yield trtllm_protocol.new_token_ids(_output(response, "output_ids"),
+                                                    _output(response, "sequence_length"))
+            finished = True
+        finally:
+            if not finished:  # an error response, or the caller let go early: end the request, read its rest
+                try:
+                    self.stop(request_id)
+                except BackendError:
+                    pass
+                for _ in responses:
+                    pass
+            self.reaper.retire(responses)
 
     def stop(self, request_id: str) -> None:
-        for response in self._exec(request_id, trtllm_protocol.stop_inputs()):
-            if response.has_error():
-                raise BackendError(f"{self.model_name}: stop: {response.error().message()}")
+        responses = self._exec(request_id, trtllm_protocol.stop_inputs())
+        try:
+            errors = [response.error().message() for response in responses if response.has_error()]
+        finally:
+            self.reaper.retire(responses)
+        if errors:
+            raise BackendError(f"{self.model_name}: stop: {errors[0]}")
 
     def _exec(self, request_id: str, inputs: dict):
         request = pb_utils.InferenceRequest(

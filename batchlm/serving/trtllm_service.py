@@ -11,7 +11,9 @@ send text as a `StreamBuffer` says. The engine streams its ids when the client s
 has stop strings (they are matched as the text grows); otherwise it answers once. When the text ends early (a stop string) or the client cancelled
 (a `CancellationWatcher` asks), the engine request is stopped by id (`TokenBackend.stop`) and its
 remaining responses are drained unread. `close()` stops every engine request and answers each client
-UNAVAILABLE that had no final response yet.
+UNAVAILABLE that had no final response yet. A `BlsReaper`, when given, is released by the watcher's
+cancellation checks (see `batchlm.serving.bls_reaper` for why the backend's finished BLS calls must
+wait there).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from batchlm.sampling import SamplingParams
 from batchlm.scheduler import check_request_size
 from batchlm.sequence import FinishReason, Sequence
 from batchlm.serving import triton_io
+from batchlm.serving.bls_reaper import BlsReaper
 from batchlm.serving.cancellation_watcher import CancellationWatcher
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.request_schema import GenerateRequest
@@ -74,7 +77,7 @@ class _Flight:
 
 class TrtllmFrontService:
     def __init__(self, name: str, config: TrtllmFrontConfig, tokenizer: Tokenizer, backend: TokenBackend,
-                 metrics: ModelMetrics) -> None:
+                 metrics: ModelMetrics, reaper: BlsReaper | None = None) -> None:
         self._name = name
         self._config = config
         self._tokenizer = tokenizer
@@ -86,7 +89,7 @@ class TrtllmFrontService:
         self._flights: dict[str, _Flight] = {}  # guarded by _lock
         self._closed = False  # guarded by _lock
         self._watcher = CancellationWatcher(config.cancellation_check_period_ms / 1000, self._on_cancelled,
-                                            name="batchlm-trtllm-cancel-watch")
+                                            name="batchlm-trtllm-cancel-watch", reaper=reaper)
 
     # -- Triton's execute thread ------------------------------------------------------------
     def submit(self, raw_request) -> None:

@@ -1,6 +1,7 @@
 """continuous_batching_trtllm: a thin adapter; the front lives in batchlm.serving.trtllm_service."""
 
 from batchlm.serving import triton_io
+from batchlm.serving.bls_reaper import BlsReaper
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.trtllm_bls import TrtllmBls
 from batchlm.serving.trtllm_front_config import TrtllmFrontConfig
@@ -17,8 +18,9 @@ class TritonPythonModel:
         tokenizer = Tokenizer.from_dir(triton_io.resolve_model_dir(front.model_dir))
         eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
         pad = eos if eos is not None else 0
-        self.service = TrtllmFrontService(name, front, tokenizer, TrtllmBls(front.backend_model, eos, pad),
-                                          ModelMetrics(name))
+        reaper = BlsReaper()
+        self.service = TrtllmFrontService(name, front, tokenizer, TrtllmBls(front.backend_model, eos, pad, reaper),
+                                          ModelMetrics(name), reaper)
 
     def execute(self, requests):
         for request in requests:
