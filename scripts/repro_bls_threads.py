@@ -3,7 +3,7 @@
 remedy: finished decoupled BLS calls freed by the stub without the GIL. No batchlm code: two tiny models.
 
     python scripts/repro_bls_threads.py [--concurrency 16] [--requests 1600] [--responses 100] [--noise]
-                                        [--remedy] [--work DIR] [-- TRITON_ARGS]
+                                        [--remedy] [--fail-at K] [--work DIR] [-- TRITON_ARGS]
 
 `callee` (decoupled) answers N responses, one per 2 ms step, from its own thread. `caller` (decoupled)
 starts a thread per request that makes one decoupled BLS call to `callee`, iterates its responses and
@@ -58,6 +58,8 @@ CALLEE = '''import queue, threading, time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+FAIL_AT = -1  # set by write_repository: answer an error (final) instead of response number FAIL_AT (0-based)
+
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -66,7 +68,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for r in requests:
-            self.inbox.put([r.get_response_sender(), int(pb_utils.get_input_tensor_by_name(r, "N").as_numpy()[0])])
+            self.inbox.put([r.get_response_sender(), int(pb_utils.get_input_tensor_by_name(r, "N").as_numpy()[0]), 0])
         return None
 
     def run(self):
@@ -79,7 +81,13 @@ class TritonPythonModel:
                 pass
             time.sleep(0.002)  # one step
             for item in list(active):
+                if item[2] == FAIL_AT:
+                    item[0].send(pb_utils.InferenceResponse(error=pb_utils.TritonError("callee failed")),
+                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    active.remove(item)
+                    continue
                 item[1] -= 1
+                item[2] += 1
                 response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([item[1]], np.int32))])
                 if item[1] <= 0:
                     item[0].send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -129,9 +137,10 @@ class TritonPythonModel:
 HEAP = re.compile(r"corrupt|double free|malloc|free\(\)|Segmentation|Aborted")
 
 
-def write_repository(root: Path, noise: bool, remedy: bool) -> Path:
+def write_repository(root: Path, noise: bool, remedy: bool, fail_at: int) -> Path:
     caller = CALLER.replace("NOISE, REMEDY = False, False", f"NOISE, REMEDY = {noise}, {remedy}")
-    for name, config, code in (("callee", CALLEE_CONFIG, CALLEE), ("caller", CALLER_CONFIG, caller)):
+    callee = CALLEE.replace("FAIL_AT = -1", f"FAIL_AT = {fail_at}")
+    for name, config, code in (("callee", CALLEE_CONFIG, callee), ("caller", CALLER_CONFIG, caller)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
         (root / name / "1" / "model.py").write_text(code)
@@ -147,12 +156,14 @@ def main() -> int:
                     help="a caller thread logging without pause, so each call's cleanup waits in the stub's queue")
     ap.add_argument("--remedy", action="store_true",
                     help="after each call, one is_cancelled() round trip before Python lets go of its iterator")
+    ap.add_argument("--fail-at", type=int, default=-1,
+                    help="the callee answers an error (final) instead of its response number K (0-based)")
     ap.add_argument("--work", type=Path, help="an empty folder for the repository and the log (default: a new temp one)")
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args()
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bls_threads_"))
-    server = TritonServer(model_repository=write_repository(work / "repository", args.noise, args.remedy),
+    server = TritonServer(model_repository=write_repository(work / "repository", args.noise, args.remedy, args.fail_at),
                           http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           log_path=work / "server.log", extra_args=tuple(args.extra))
     answered, stalled, lock = [0], [0], threading.Lock()

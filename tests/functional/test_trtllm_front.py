@@ -28,7 +28,7 @@ from client.report import measure
 from client.triton_llm import LLMClient, RequestFailed, grpc_inputs, request_fields
 from client.workload import WorkloadSpec, build_requests
 from tests.functional.conftest import is_alive
-from tests.functional.trtllm_standin import standin_repository
+from tests.functional.trtllm_standin import FAILING_AFTER, FAILING_OUTPUT_LEN, standin_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "continuous_batching_trtllm"
@@ -105,6 +105,23 @@ def test_a_stop_string_ends_the_text_and_stops_the_engine_request(llm, trt_serve
     while len(_stopped_ids(trt_server)) == before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(_stopped_ids(trt_server)) == before + 1, "the engine request went on after the stop string"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_engine_error_reaches_the_client_and_the_front_goes_on(llm, trt_server, protocol):
+    """The engine fails a request part-way (the stand-in's hook): the client gets the engine's message, no
+    stop is sent for a request the engine already ended, and the front serves the next request.
+    Not streamed only: on tritonserver 2.51 a decoupled BLS error response that is not the call's first
+    never reaches the caller (python_backend r24.10 leaves its id unset; fixed in r25.04), so an engine
+    error after streamed tokens leaves the front waiting (README, "TensorRT-LLM: continuous batching on a
+    GPU"; `scripts/repro_bls_threads.py --fail-at 1`)."""
+    before = len(_stopped_ids(trt_server))
+    with pytest.raises(RequestFailed) as failed:
+        llm.answer(protocol, MODEL, PROMPT, FAILING_OUTPUT_LEN, ignore_eos=True)
+    assert "stand-in failed" in failed.value.message and f"after {FAILING_AFTER} tokens" in failed.value.message, \
+        failed.value.message
+    assert llm.generate(MODEL, PROMPT, 3).num_output_tokens == 3
+    assert len(_stopped_ids(trt_server)) == before
 
 
 @pytest.mark.parametrize("fields, named", [

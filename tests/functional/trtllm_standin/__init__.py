@@ -15,6 +15,8 @@ from batchlm.serving.serving_config import SERVING_KEYS
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "docker" / "trtllm" / "model_repository"
 FRONT = "continuous_batching_trtllm"
+# The stand-in's error hook (model.py): a request for FAILING_OUTPUT_LEN tokens fails after FAILING_AFTER
+FAILING_OUTPUT_LEN, FAILING_AFTER = 777, 5
 
 
 def _parse(path: Path) -> model_config_pb2.ModelConfig:
@@ -22,13 +24,16 @@ def _parse(path: Path) -> model_config_pb2.ModelConfig:
 
 
 def standin_config() -> str:
-    """The shipped tensorrt_llm config with the Python backend and continuous_batching's engine parameters."""
+    """The shipped tensorrt_llm config with the Python backend, continuous_batching's engine parameters and
+    the error hook's two."""
     config = _parse(SHIPPED / "tensorrt_llm" / "config.pbtxt")
     config.backend = "python"
     config.parameters.clear()
     for key, value in _parse(ROOT / "model_repository" / "continuous_batching" / "config.pbtxt").parameters.items():
         if key not in SERVING_KEYS or key == "model_dir":
             config.parameters[key].string_value = value.string_value
+    config.parameters["failing_output_len"].string_value = str(FAILING_OUTPUT_LEN)
+    config.parameters["failing_after"].string_value = str(FAILING_AFTER)
     return text_format.MessageToString(config)
 
 

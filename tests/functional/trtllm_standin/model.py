@@ -10,6 +10,9 @@ streaming, `stop` requests. What it takes from the contract (see batchlm.serving
 only generated ids (`exclude_input_in_output`): each step's new ones when streaming.
 Every request it stops is logged as "stand-in stopped <id>", for the tests to find. Its parameters are
 `continuous_batching`'s (the test copies them), so the engine behind the front is that model's engine.
+Test hook (parameters `failing_output_len`, `failing_after`): a request for exactly that many tokens is
+aborted after `failing_after` of them and answered with an error (streamed, those tokens were sent
+first), as the backend answers a request that fails inside the engine.
 """
 
 import json
@@ -57,12 +60,14 @@ def _params(request):
 class TritonPythonModel:
     def initialize(self, args):
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
+        self._failing_output_len = int(params.pop("failing_output_len"))
+        self._failing_after = int(params.pop("failing_after"))
         serving = ServingConfig.from_parameters(params)  # continuous_batching's engine settings
         model_dir = resolve_model_dir(serving.model_dir)
         self._lock = threading.Condition()
         self._inbox = []  # ("add", id, ids, params, stream, sender) or ("stop", id); guarded by _lock
         self._closed = False
-        self._senders = {}  # request id -> (sender, stream, ids so far); owned by the engine thread
+        self._senders = {}  # request id -> (sender, stream, ids so far, max_tokens); owned by the engine thread
         self._thread = OwnerThread("standin-engine", lambda: LLMEngine(model_dir, serving.engine), self._run)
 
     def execute(self, requests):
@@ -100,7 +105,7 @@ class TritonPythonModel:
                 while not self._closed and not self._inbox and not engine.has_unfinished():
                     self._lock.wait()
                 if self._closed:
-                    for sender, _, _ in self._senders.values():
+                    for sender, *_ in self._senders.values():
                         sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("unloaded")), flags=FINAL)
                     return
                 inbox, self._inbox = self._inbox, []
@@ -112,10 +117,21 @@ class TritonPythonModel:
                     continue
                 _, request_id, ids, params, stream, sender = entry
                 engine.add_request(request_id, ids, params)
-                self._senders[request_id] = (sender, stream, [])
+                self._senders[request_id] = (sender, stream, [], params.max_tokens)
             for out in engine.step() if engine.has_unfinished() else []:
-                sender, stream, so_far = self._senders[out.request_id]
+                if out.request_id not in self._senders:  # failed by the test hook: its CANCELLED output
+                    continue
+                sender, stream, so_far, max_tokens = self._senders[out.request_id]
                 so_far.extend(out.token_ids)
+                if (not out.finished and len(so_far) >= self._failing_after
+                        and max_tokens == self._failing_output_len):
+                    if stream and out.token_ids:
+                        sender.send(_ids_response(out.token_ids))
+                    engine.abort_request(out.request_id)
+                    del self._senders[out.request_id]
+                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                        f"stand-in failed {out.request_id} after {len(so_far)} tokens")), flags=FINAL)
+                    continue
                 if out.finished:
                     del self._senders[out.request_id]
                     sender.send(_ids_response(out.token_ids if stream else so_far), flags=FINAL)
