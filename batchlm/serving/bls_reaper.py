@@ -19,8 +19,9 @@ Contract (all methods thread-safe):
   the stub's cleanup) is handed over here.
 - `mark()` before queueing a round trip, `release(mark)` after one has been answered: everything
   retired before the mark is dropped. The `CancellationWatcher` does both around each of its sweeps.
-- What is retired after the last sweep stays until the next one (while no request is in flight, that
-  is a few finished requests' responses) or until the process exits.
+- A sweep that asks nobody (no request in flight at that moment) releases nothing, so what was retired
+  waits for the next sweep that finds a request in flight, or for the process to exit. That is what
+  finished between two such sweeps: little where requests are few, and soon released where they are not.
 """
 
 from __future__ import annotations
