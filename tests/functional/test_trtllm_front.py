@@ -109,8 +109,9 @@ def test_a_stop_string_ends_the_text_and_stops_the_engine_request(llm, trt_serve
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_an_engine_error_reaches_the_client_and_the_front_goes_on(llm, trt_server, protocol):
-    """The engine fails a request part-way (the stand-in's hook): the client gets the engine's message, no
-    stop is sent for a request the engine already ended, and the front serves the next request.
+    """The engine fails a request part-way (the stand-in's hook): the client gets the engine's message, the
+    stop that the front sends after an error finds no running engine request to end (none is logged as
+    stopped), and the front serves the next request.
     Not streamed only: on tritonserver 2.51 a decoupled BLS error response that is not the call's first
     never reaches the caller (python_backend r24.10 leaves its id unset; fixed in r25.04), so an engine
     error after streamed tokens leaves the front waiting (README, "TensorRT-LLM: continuous batching on a
