@@ -8,6 +8,7 @@ started, even when the server hangs on shutdown.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,6 +23,7 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
+_CRASH = re.compile(r"corrupt|double free|malloc|free\(\)|Segmentation|Aborted")
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,13 @@ class TritonServer:
             return ""
         tail = Path(self.log_path).read_text(errors="replace").splitlines()[-lines:]
         return "\n--- tritonserver log tail ---\n" + "\n".join(tail)
+
+    def crash_lines(self) -> list[str]:
+        """Lines of the server's log that show a process crashing (heap corruption, a fatal signal)."""
+        if self.log_path is None or not Path(self.log_path).exists():
+            return []
+        return [line for line in Path(self.log_path).read_text(errors="replace").splitlines()
+                if _CRASH.search(line)]
 
     def descendants(self) -> list[int]:
         """PIDs of the server's process tree (stubs included), read from /proc."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import re
 import shutil
 import sys
 import time
@@ -31,7 +30,6 @@ from client.report import measure  # noqa: E402
 from client.workload import WorkloadSpec, build_requests  # noqa: E402
 from tests.functional.trtllm_standin import FRONT, standin_repository  # noqa: E402
 
-HEAP = re.compile(r"corrupt|double free|malloc|free\(\)|Segmentation|Aborted")
 
 
 def main() -> int:
@@ -71,7 +69,7 @@ def main() -> int:
             if summary["failures"] or alive != expected:
                 break
             passed += 1
-    heap = [line for line in log.read_text(errors="replace").splitlines() if HEAP.search(line)]
+    heap = server.crash_lines()
     print(f"{passed} of {args.runs} runs passed; heap errors logged: {heap or 'none'}; log: {log}")
     return 0 if passed == args.runs else 1
 

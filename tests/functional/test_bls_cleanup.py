@@ -5,8 +5,8 @@ the GIL.
 
 `scripts/repro_bls_threads.py --noise` forces the race the reaper avoids (log round trips queued ahead
 of each call's cleanup, so Python lets go first). Without `--remedy`, 16 in flight, its caller's stub
-died in 5 of 7 runs in session 19 (after 64 and 29 of 1,600 requests, 176 of 320, 65 and 66 of 480; the
-other two answered all 320 and all 480). With `--remedy` (one `is_cancelled()` before letting go) every
+died in 6 of 8 runs in session 19 (after 64 and 29 of 1,600 requests, 176 of 320, 65, 66 and 320 of
+480; the other two answered all 320 and all 480). With `--remedy` (one `is_cancelled()` before letting go) every
 request must be answered and both stubs must be alive at the end.
 """
 
