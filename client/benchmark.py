@@ -94,7 +94,7 @@ class BenchmarkRun:
 
 
 def can_stream(llm: LLMClient, model: str, protocol: str = "http") -> bool:
-    """Decoupled and accepts `stream: true` (static batching is decoupled but refuses it); asked over
+    """Decoupled and accepts `stream: true` (a decoupled model may still refuse it); asked over
     `protocol`, so a server reachable on that one alone is enough."""
     if not llm.is_decoupled(model):
         return False

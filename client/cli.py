@@ -57,7 +57,7 @@ def generate(llm: LLMClient, args: argparse.Namespace) -> tuple[Result, bool]:
     try:
         return collect(_echo(llm.stream(*ask, stream=True, **opts)), start), True
     except RequestFailed as exc:
-        if "stream" not in exc.message:  # NOTE: e.g. static_batching: decoupled, but cannot stream
+        if "stream" not in exc.message:  # NOTE: a decoupled model that refuses `stream: true`
             raise
         return llm.answer(*ask, **opts), False
 

@@ -176,6 +176,20 @@ class LLMClient:
         return Result(chunk.text, chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens,
                       ttft=elapsed, latency=elapsed, chunk_times=[elapsed])
 
+    def infer_http(self, model: str, prompt: str, max_tokens: int, **options) -> Result:
+        """POST /v2/models/<model>/infer (KServe v2 JSON): one answer, from a model that is not decoupled.
+
+        Unlike /generate it carries Triton's error code as the HTTP status (503 for UNAVAILABLE): on
+        tritonserver 2.51 /generate answers every error a model returns with 400."""
+        start = time.perf_counter()
+        body = http_infer_body(self._fields(model, prompt, max_tokens, **options), self.model_config(model))
+        r = self._http.post(f"http://{self.http_url}/v2/models/{model}/infer", json=body, timeout=self.timeout)
+        _raise_for_http(r)
+        chunk = _chunk_from_infer_json(r.json())
+        elapsed = time.perf_counter() - start
+        return Result(chunk.text, chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens,
+                      ttft=elapsed, latency=elapsed, chunk_times=[elapsed])
+
     def generate_stream(self, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
         """POST /v2/models/<model>/generate_stream (server-sent events), one Chunk per event."""
         body = self._fields(model, prompt, max_tokens, **options)
@@ -262,13 +276,13 @@ def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
                   ttft=latency if ttft is None else ttft, latency=latency, chunk_times=times)
 
 
-def grpc_inputs(fields: dict, config: dict | None = None) -> list[grpcclient.InferInput]:
-    """Input tensors for `fields`: datatypes as the model's config declares them (the schema's own
-    without a config), one row more when the model is batched (max_batch_size > 0)."""
+def input_arrays(fields: dict, config: dict | None = None) -> list[tuple[str, str, np.ndarray]]:
+    """(name, wire datatype, array) per field: datatypes as the model's config declares them (the
+    schema's own without a config), one row more when the model is batched (max_batch_size > 0)."""
     config = config or {}
     declared = {i["name"]: i for i in config.get("input", [])}
     batched = config.get("max_batch_size", 0) > 0
-    inputs = []
+    arrays = []
     for name, value in fields.items():
         datatype, dtype = FIELDS[name]
         if name in declared and declared[name].get("data_type") in DATATYPES:
@@ -277,12 +291,27 @@ def grpc_inputs(fields: dict, config: dict | None = None) -> list[grpcclient.Inf
         if dtype is np.object_:
             values = [v.encode() if isinstance(v, str) else v for v in values]
         array = np.array(values, dtype=dtype)
-        if batched:
-            array = array.reshape(1, -1)
+        arrays.append((name, datatype, array.reshape(1, -1) if batched else array))
+    return arrays
+
+
+def grpc_inputs(fields: dict, config: dict | None = None) -> list[grpcclient.InferInput]:
+    """gRPC input tensors for `fields` (see input_arrays)."""
+    inputs = []
+    for name, datatype, array in input_arrays(fields, config):
         tensor = grpcclient.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
+
+
+def http_infer_body(fields: dict, config: dict | None = None) -> dict:
+    """The JSON body of POST /v2/models/<model>/infer for `fields` (see input_arrays)."""
+    inputs = []
+    for name, datatype, array in input_arrays(fields, config):
+        data = [v.decode() if isinstance(v, bytes) else v for v in array.reshape(-1).tolist()]
+        inputs.append({"name": name, "datatype": datatype, "shape": list(array.shape), "data": data})
+    return {"inputs": inputs}
 
 
 def chunk_from_grpc(result) -> Chunk:
@@ -309,6 +338,11 @@ def _chunk_from_json(body: dict) -> Chunk:
     reason, num_in, num_out = (scalar(body.get(name)) for name in COUNTERS)
     return Chunk(text=scalar(body["text_output"]), finish_reason=reason,
                  num_input_tokens=_int_or_none(num_in), num_output_tokens=_int_or_none(num_out))
+
+
+def _chunk_from_infer_json(body: dict) -> Chunk:
+    """A Chunk from an /infer answer: its `outputs` list, flattened to the fields /generate returns."""
+    return _chunk_from_json({o["name"]: o.get("data") for o in body.get("outputs", [])})
 
 
 def _int_or_none(value) -> int | None:

@@ -2,8 +2,8 @@
 
     locust -f locustfiles/grpc_stream_user.py --host 127.0.0.1:8001 --model continuous_batching
 
-Decoupled models (static_batching, continuous_batching) answer over the bidirectional stream, one or
-many responses per request; dynamic_batching (not decoupled) answers the same stream with one response.
+A decoupled model (continuous_batching) answers over the bidirectional stream with one or many
+responses per request; static_batching and dynamic_batching (not decoupled) answer it with one response.
 TTFT is the arrival of the first response carrying output, E2E the final one. Options and events: see
 common.py.
 """

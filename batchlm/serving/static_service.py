@@ -1,7 +1,9 @@
-"""Static batching behind a decoupled Triton model: hold requests until a full batch is waiting.
+"""Static batching behind a Triton model that is not decoupled: hold requests until a full batch is waiting.
 
-`submit()` (Triton's execute thread) parks each request; when `batch_size` are parked, they go to the
-worker thread as one batch, which runs to completion and answers every request when the slowest is done.
+`submit()` (Triton's execute thread) parks each request with its response sender and returns; when
+`batch_size` are parked, they go to the worker thread as one batch, which runs to completion and answers
+every request when the slowest is done. Every request gets exactly one response, then the final flag
+(Triton's rule for a model that is not decoupled; a cancelled one gets CANCELLED).
 The worker thread also builds the generator (see `batchlm.owner_thread`).
 There is no timer: an incomplete batch waits, which is what static batching is.
 
@@ -101,8 +103,9 @@ class StaticBatchingService:
             triton_io.send_final_quietly(sender, triton_io.error_response(error))
 
     def _drop_cancelled(self) -> None:
-        """Close the parked requests whose clients cancelled. Each gets its final flag: Triton counts a
-        request in flight (and will not unload the model) until its sender is closed."""
+        """Close the parked requests whose clients cancelled. Each gets its one response (CANCELLED)
+        and final flag: Triton counts a request in flight (and will not unload the model) until its
+        sender is closed."""
         with self._lock:
             parked = list(self._parked)
         # is_cancelled() is a round trip to the server: asked outside the lock, so the worker's metrics
@@ -115,7 +118,7 @@ class StaticBatchingService:
             removed = [s for _, s in self._parked if id(s) in ids]
             self._parked = [(r, s) for r, s in self._parked if id(s) not in ids]
         for sender in removed:
-            triton_io.send_final_quietly(sender, None)
+            triton_io.send_final_quietly(sender, triton_io.cancelled_response(self._name))
 
     def _watch(self, is_ready: Callable[[], bool], interval: float) -> None:
         """Every `interval` while requests are parked: close those whose clients cancelled, and fail the
@@ -164,7 +167,8 @@ class StaticBatchingService:
             self._running = 0
             self._metrics.record_idle()
         for (_, sender), out in zip(batch, outputs):
-            response = None if sender.is_cancelled() else triton_io.output_response(out, out.text, False)
+            response = (triton_io.cancelled_response(self._name) if sender.is_cancelled()
+                        else triton_io.output_response(out, out.text, False))
             triton_io.send_final_quietly(sender, response)
         triton_io.log_verbose(f"{self._name}: batch of {len(batch)} in {time.monotonic() - start:.2f}s")
 

@@ -75,6 +75,13 @@ def error_response(exc: BaseException) -> "pb_utils.InferenceResponse":
     return pb_utils.InferenceResponse(error=triton_error(exc))
 
 
+def cancelled_response(model_name: str) -> "pb_utils.InferenceResponse":
+    """The answer to a request whose client cancelled (CANCELLED). A model that is not decoupled must
+    send one response per request before its final flag, even when nobody will read it."""
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(f"{model_name}: the request was cancelled", pb_utils.TritonError.CANCELLED))
+
+
 def triton_error(exc: BaseException) -> "pb_utils.TritonError":
     if isinstance(exc, InvalidArgument):
         return pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)

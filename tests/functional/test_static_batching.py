@@ -1,5 +1,6 @@
 """static_batching holds requests until a full batch of 8 is waiting, then answers all of them."""
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,13 +11,20 @@ from batchlm.triton_server import TritonServer, free_port
 from client.triton_llm import LLMClient, RequestFailed
 
 BATCH = 8
+PROTOCOLS = ("http", "infer", "grpc")
+# Triton's status for UNAVAILABLE per protocol. HTTP /generate on tritonserver 2.51 answers every error
+# that a model returns with 400 (it reads the error's code after freeing it; see the README), so only
+# /infer and gRPC carry the code, and only the message tells /generate's clients what happened.
+UNAVAILABLE = {"http": ("400", "503"), "infer": ("503",), "grpc": ("StatusCode.UNAVAILABLE",)}
 
 
-def _send(server, i, protocol="http"):
+def _send(server, i, protocol="http", max_tokens=None):
+    """One request over `protocol`: "http" (/generate), "infer" (HTTP /infer) or "grpc" (ModelInfer)."""
     client = LLMClient(server.http_url, server.grpc_url, timeout=300)
     try:
-        call = client.generate if protocol == "http" else client.infer_grpc
-        result = call("static_batching", f"Request number {i} asks", max_tokens=4 + i, ignore_eos=True)
+        call = {"http": client.generate, "infer": client.infer_http, "grpc": client.infer_grpc}[protocol]
+        result = call("static_batching", f"Request number {i} asks",
+                      max_tokens=4 + i if max_tokens is None else max_tokens, ignore_eos=True)
         return time.monotonic(), result
     finally:
         client.close()
@@ -24,7 +32,7 @@ def _send(server, i, protocol="http"):
 
 def test_nth_request_releases_the_batch(server):
     with ThreadPoolExecutor(BATCH) as pool:
-        first = [pool.submit(_send, server, i, "http" if i % 2 else "grpc") for i in range(BATCH - 1)]
+        first = [pool.submit(_send, server, i, PROTOCOLS[i % 3]) for i in range(BATCH - 1)]
         time.sleep(3.0)
         assert not any(f.done() for f in first), "a request finished before the batch was full"
         released_at = time.monotonic()
@@ -46,21 +54,57 @@ def test_stream_is_refused_with_field_named(llm):
 
 def test_unload_fails_parked_requests_with_unavailable(server):
     with ThreadPoolExecutor(3) as pool:
-        parked = [pool.submit(_send, server, i) for i in range(3)]
+        parked = {protocol: pool.submit(_send, server, i, protocol) for i, protocol in enumerate(PROTOCOLS)}
         time.sleep(2.0)
         r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/unload", timeout=60)
         assert r.status_code == 200
-        errors = []
-        for f in parked:
+        errors = {}
+        for protocol, f in parked.items():
             with pytest.raises(RequestFailed) as info:
                 f.result(timeout=60)
-            errors.append(info.value)
+            errors[protocol] = info.value
     try:
-        for e in errors:
-            assert e.status in ("503", "400", "500") and "unloaded" in e.message, e
+        for protocol, e in errors.items():
+            assert e.status in UNAVAILABLE[protocol] and "unloaded" in e.message, (protocol, e)
     finally:
-        r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/load", timeout=300)
-        assert r.status_code == 200
+        _load(server)
+
+
+def _load(server, config: dict | None = None) -> None:
+    """(Re)load static_batching from the repository, or with `config` (JSON) instead of its config.pbtxt."""
+    body = {} if config is None else {"parameters": {"config": json.dumps(config)}}
+    r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/load", json=body,
+                      timeout=300)
+    assert r.status_code == 200, r.text
+
+
+def test_overload_is_refused_with_unavailable_and_503(server, llm):
+    """Beyond `max_waiting` parked requests, a request is refused at once: gRPC status UNAVAILABLE,
+    HTTP /infer 503, and the parked requests are untouched (here, until the model is unloaded)."""
+    config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
+    config["parameters"]["max_waiting"]["string_value"] = "2"
+    unload = f"http://{server.http_url}/v2/repository/models/static_batching/unload"
+    _load(server, config)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            parked = [pool.submit(_send, server, i) for i in range(2)]
+            time.sleep(2.0)
+            for protocol in ("infer", "grpc", "http"):
+                started = time.monotonic()
+                with pytest.raises(RequestFailed) as info:
+                    _send(server, 9, protocol)
+                assert time.monotonic() - started < 5.0
+                assert info.value.status in UNAVAILABLE[protocol], (protocol, info.value)
+                assert "static_batching is overloaded: 2 requests already waiting" in info.value.message
+            assert not any(f.done() for f in parked)
+            assert requests.post(unload, timeout=60).status_code == 200
+            for f in parked:
+                with pytest.raises(RequestFailed) as info:
+                    f.result(timeout=60)
+                assert "unloaded" in info.value.message
+    finally:
+        _load(server)
+    assert llm.model_config("static_batching")["parameters"]["max_waiting"]["string_value"] == "64"
 
 
 def test_sigterm_right_after_load_exits_cleanly(tmp_path):

@@ -45,8 +45,10 @@ def test_strategies_differ_only_in_batching():
     static, dynamic, continuous = (load(n) for n in MODELS)
     for a, b in ((static, dynamic), (static, continuous)):
         assert list(a.input) == list(b.input) and list(a.output) == list(b.output)
-    assert static.model_transaction_policy.decoupled and continuous.model_transaction_policy.decoupled
-    assert not dynamic.model_transaction_policy.decoupled
+    # Only continuous batching streams; static batching parks requests behind response senders, one
+    # response each, so it is not decoupled and plain infer reaches it.
+    assert continuous.model_transaction_policy.decoupled
+    assert not static.model_transaction_policy.decoupled and not dynamic.model_transaction_policy.decoupled
     assert static.max_batch_size == 0 and continuous.max_batch_size == 0
     assert dynamic.max_batch_size == 8 and dynamic.HasField("dynamic_batching")
     assert dynamic.dynamic_batching.max_queue_delay_microseconds > 0

@@ -8,7 +8,7 @@ from batchlm.serving.static_service import StaticBatchingService
 
 class TritonPythonModel:
     def initialize(self, args):
-        name, config, model_dir = triton_io.load_serving_config(args, decoupled=True)
+        name, config, model_dir = triton_io.load_serving_config(args, decoupled=False)
         self.service = StaticBatchingService(lambda: BatchGenerator.from_dir(model_dir, config.engine),
                                              ModelMetrics(name), config.batch_size,
                                              config.max_waiting, name, triton_io.readiness_probe(name))
