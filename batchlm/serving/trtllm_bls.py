@@ -12,9 +12,10 @@ stub's heap corruption that dropping it here causes.
 
 Known defect of tritonserver 2.51 (python_backend r24.10, fixed in r25.04): a BLS error response that is
 not a call's first is saved without its call's id, so it never reaches this iterator, which then waits
-for ever. An engine error after streamed tokens therefore leaves its worker waiting and the request in
-flight (`scripts/repro_bls_threads.py --fail-at 1`). An error as the first response (not streamed, or
-before any token) arrives.
+for ever. An engine error after streamed tokens therefore leaves its worker waiting
+(`scripts/repro_bls_threads.py --fail-at 1`); the front's silence sweep answers the client and frees the
+slot (`TrtllmFrontService`, `engine_silence_timeout_ms`). An error as the first response (not streamed,
+or before any token) arrives.
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ class TrtllmFrontConfig:
     cancellation_check_period_ms: int = 100
     # streamed requests: the first text at once, then a response per this many new tokens
     stream_interval: int = 1
+    # a request the engine streams is ended here when, after the engine's first response for it, the
+    # engine sends nothing for this long: its client gets an error and its slot is freed. Once it has
+    # begun, a request sends a response every engine step; on tritonserver 2.51 (python_backend r24.10)
+    # an engine error after streamed tokens is lost and would leave the request waiting for ever.
+    engine_silence_timeout_ms: int = 30000
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "TrtllmFrontConfig":
@@ -37,5 +42,6 @@ class TrtllmFrontConfig:
             model_dir=params.get("model_dir", defaults.model_dir),
             backend_model=params.get("backend_model", defaults.backend_model),
             **{name: positive_int(params, name, getattr(defaults, name))
-               for name in ("max_in_flight", "max_model_len", "cancellation_check_period_ms", "stream_interval")},
+               for name in ("max_in_flight", "max_model_len", "cancellation_check_period_ms", "stream_interval",
+                            "engine_silence_timeout_ms")},
         )

@@ -14,6 +14,12 @@ remaining responses are drained unread. `close()` stops every engine request and
 UNAVAILABLE that had no final response yet. A `BlsReaper`, when given, is released by the watcher's
 cancellation checks (see `batchlm.serving.bls_reaper` for why the backend's finished BLS calls must
 wait there).
+
+A request the engine streams, once begun, is answered every engine step. When the engine then sends
+nothing for `engine_silence_timeout_ms`, a sweep thread ends the request here: the client gets an
+INTERNAL error (`EngineSilent`), the engine a `stop`, and the request's slot is freed. Its worker stays
+blocked in the engine call until that ends, which on tritonserver 2.51 it never does: there a streamed
+engine error is lost (see `batchlm.serving.trtllm_bls`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ class BackendError(RuntimeError):
     """The engine answered a request with an error; the message is the engine's."""
 
 
+class EngineSilent(RuntimeError):
+    """The engine, having begun streaming a request, sent nothing for the silence timeout."""
+
+
 class TokenBackend(Protocol):
     """What the front needs from the engine (`batchlm.serving.trtllm_bls.TrtllmBls` in Triton)."""
 
@@ -71,8 +81,11 @@ class _Flight:
     buffer: StreamBuffer
     cancelled: threading.Event = field(default_factory=threading.Event)  # set by the watcher
     worker: threading.Thread | None = None  # serves this request (set at submit)
-    answered: bool = False  # the final response was sent
+    answered: bool = False  # the final response was sent (or is being sent); set under answer_lock
+    answer_lock: threading.Lock = field(default_factory=threading.Lock)
     stopped: bool = False  # a stop request was sent to the engine
+    engine_streams: bool = False  # the engine answers every step (set by the worker before it asks)
+    last_response: float | None = None  # monotonic time of the engine's last response; None before its first
 
 
 class TrtllmFrontService:
@@ -90,6 +103,9 @@ class TrtllmFrontService:
         self._closed = False  # guarded by _lock
         self._watcher = CancellationWatcher(config.cancellation_check_period_ms / 1000, self._on_cancelled,
                                             name="batchlm-trtllm-cancel-watch", reaper=reaper)
+        self._stop_sweep = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep_silent, name="batchlm-trtllm-silence", daemon=True)
+        self._sweeper.start()
 
     # -- Triton's execute thread ------------------------------------------------------------
     def submit(self, raw_request) -> None:
@@ -135,6 +151,8 @@ class TrtllmFrontService:
             self._closed = True
             flights = list(self._flights.values())
         self._watcher.close(timeout)
+        self._stop_sweep.set()
+        self._sweeper.join(timeout)
         for flight in flights:
             self._stop_engine_request(flight)
         for flight in flights:
@@ -153,9 +171,10 @@ class TrtllmFrontService:
     def _serve(self, flight: _Flight) -> None:
         try:
             # NOTE: stop strings are matched as tokens come, so a request with any asks the engine to stream
-            engine_streams = flight.request.stream or bool(flight.request.params.stop)
+            flight.engine_streams = flight.request.stream or bool(flight.request.params.stop)
             for new_ids in self._backend.generate(flight.request_id, list(flight.seq.prompt_ids),
-                                                  flight.request.params, engine_streams):
+                                                  flight.request.params, flight.engine_streams):
+                flight.last_response = time.monotonic()
                 if not flight.answered:
                     self._on_tokens(flight, new_ids)
             if not flight.answered:
@@ -221,11 +240,43 @@ class TrtllmFrontService:
                 Unavailable(f"{self._name} was unloaded before the request finished")))
         return flight.answered
 
-    def _answer(self, flight: _Flight, response) -> None:
+    def _answer(self, flight: _Flight, response) -> bool:
+        """Send the final response, once: False if the request was answered already (the worker and the
+        silence sweep may both try)."""
+        with flight.answer_lock:
+            if flight.answered:
+                return False
+            flight.answered = True
         # NOTE: unwatch before the final send: Triton frees the sender once its final response is sent
         self._watcher.unwatch(flight.request_id)
-        flight.answered = True
         triton_io.send_final_quietly(flight.sender, response)
+        return True
+
+    # -- the silence sweep's thread --------------------------------------------------------------
+    def _sweep_silent(self) -> None:
+        """End the requests whose engine went silent after it began streaming them."""
+        limit = self._config.engine_silence_timeout_ms / 1000
+        while not self._stop_sweep.wait(min(1.0, limit / 4)):
+            now = time.monotonic()
+            with self._lock:
+                silent = [f for f in self._flights.values() if f.engine_streams and f.last_response is not None
+                          and now - f.last_response > limit and not f.answered]
+            for flight in silent:
+                self._end_silent(flight, now - flight.last_response)
+
+    def _end_silent(self, flight: _Flight, silence: float) -> None:
+        error = EngineSilent(
+            f"{self._name}: the engine sent nothing for {silence:.1f} s after {flight.seq.num_output_tokens} "
+            f"tokens of request {flight.request_id}; it was ended here (on tritonserver 2.51 an engine error "
+            "after streamed tokens never arrives)")
+        if not self._answer(flight, triton_io.error_response(error)):
+            return
+        triton_io.log_error(str(error))
+        self._stop_engine_request(flight)
+        with self._lock:  # free the slot; the worker, still waiting on the engine, no longer holds it
+            self._flights.pop(flight.request_id, None)
+            in_flight = len(self._flights)
+        self._metrics.record_in_flight(in_flight)
 
     def _stop_engine_request(self, flight: _Flight) -> None:
         # NOTE: the worker, the watcher and close() may race here; a second stop for an id is harmless

@@ -12,6 +12,7 @@ import re
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -33,11 +34,12 @@ from tests.functional.trtllm_standin import FAILING_AFTER, FAILING_OUTPUT_LEN, s
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "continuous_batching_trtllm"
 MAX_IN_FLIGHT = 3
+SILENCE_TIMEOUT_MS = 2000
 PROMPT = "Once upon a time"
 
 
 def _repository(repository: Path) -> Path:
-    return standin_repository(repository, MAX_IN_FLIGHT)
+    return standin_repository(repository, MAX_IN_FLIGHT, SILENCE_TIMEOUT_MS)
 
 
 def _server(repository: Path) -> TritonServer:
@@ -113,9 +115,9 @@ def test_an_engine_error_reaches_the_client_and_the_front_goes_on(llm, trt_serve
     stop that the front sends after an error finds no running engine request to end (none is logged as
     stopped), and the front serves the next request.
     Not streamed only: on tritonserver 2.51 a decoupled BLS error response that is not the call's first
-    never reaches the caller (python_backend r24.10 leaves its id unset; fixed in r25.04), so an engine
-    error after streamed tokens leaves the front waiting (README, "TensorRT-LLM: continuous batching on a
-    GPU"; `scripts/repro_bls_threads.py --fail-at 1`)."""
+    never reaches the caller (python_backend r24.10 leaves its id unset; fixed in r25.04), so after
+    streamed tokens the front learns of it only from the engine's silence (the next test; README,
+    "TensorRT-LLM: continuous batching on a GPU"; `scripts/repro_bls_threads.py --fail-at 1`)."""
     before = len(_stopped_ids(trt_server))
     with pytest.raises(RequestFailed) as failed:
         llm.answer(protocol, MODEL, PROMPT, FAILING_OUTPUT_LEN, ignore_eos=True)
@@ -123,6 +125,34 @@ def test_an_engine_error_reaches_the_client_and_the_front_goes_on(llm, trt_serve
         failed.value.message
     assert llm.generate(MODEL, PROMPT, 3).num_output_tokens == 3
     assert len(_stopped_ids(trt_server)) == before
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_lost_streamed_engine_error_ends_by_the_silence_timeout(llm, trt_server, reference, protocol):
+    """Streamed, the stand-in's error after its tokens never reaches the front on tritonserver 2.51
+    (python_backend r24.10 leaves the id of a BLS error response that is not the call's first unset).
+    After `engine_silence_timeout_ms` of silence the front ends the request: the client gets the
+    streamed text and then an error saying so, the engine a stop, and the slot is freed: every one of
+    the MAX_IN_FLIGHT slots serves again (both protocols' lost requests would otherwise hold two)."""
+    chunks = []
+    started = time.monotonic()
+    with pytest.raises(RequestFailed) as failed:
+        for chunk in llm.stream(protocol, MODEL, PROMPT, FAILING_OUTPUT_LEN, ignore_eos=True, stream=True):
+            chunks.append(chunk)
+    waited = time.monotonic() - started
+    assert "the engine sent nothing" in failed.value.message, failed.value.message
+    assert f"after {FAILING_AFTER} tokens" in failed.value.message, failed.value.message
+    assert SILENCE_TIMEOUT_MS / 1000 <= waited < 60
+    text = "".join(c.text for c in chunks)
+    assert text and reference(PROMPT, FAILING_AFTER).startswith(text)
+    with ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
+        def short(i):
+            client = LLMClient(trt_server.http_url, trt_server.grpc_url, timeout=120)
+            try:
+                return client.generate(MODEL, f"{PROMPT} {i}", 40, ignore_eos=True).num_output_tokens
+            finally:
+                client.close()
+        assert list(pool.map(short, range(MAX_IN_FLIGHT))) == [40] * MAX_IN_FLIGHT
 
 
 @pytest.mark.parametrize("fields, named", [

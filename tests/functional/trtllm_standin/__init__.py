@@ -37,14 +37,19 @@ def standin_config() -> str:
     return text_format.MessageToString(config)
 
 
-def standin_repository(repository: Path, max_in_flight: int | None = None) -> Path:
-    """Write the two models into `repository` (the front's max_in_flight replaced if given)."""
+def standin_repository(repository: Path, max_in_flight: int | None = None,
+                       engine_silence_timeout_ms: int | None = None) -> Path:
+    """Write the two models into `repository` (the front's max_in_flight and engine_silence_timeout_ms
+    replaced where given)."""
     (repository / "tensorrt_llm" / "1").mkdir(parents=True)
     (repository / "tensorrt_llm" / "config.pbtxt").write_text(standin_config())
     shutil.copy(Path(__file__).parent / "model.py", repository / "tensorrt_llm" / "1")
     shutil.copytree(SHIPPED / FRONT, repository / FRONT, ignore=shutil.ignore_patterns("__pycache__"))
-    if max_in_flight is not None:
-        front = repository / FRONT / "config.pbtxt"
-        front.write_text(re.sub(r'(key: "max_in_flight" value: \{ string_value: )"\d+"', rf'\1"{max_in_flight}"',
-                                front.read_text()))
+    front = repository / FRONT / "config.pbtxt"
+    for key, value in (("max_in_flight", max_in_flight), ("engine_silence_timeout_ms", engine_silence_timeout_ms)):
+        if value is not None:
+            text, count = re.subn(rf'(key: "{key}" value: \{{ string_value: )"\d+"', rf'\1"{value}"',
+                                  front.read_text())
+            assert count == 1, key
+            front.write_text(text)
     return repository
