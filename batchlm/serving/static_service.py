@@ -10,7 +10,10 @@ There is no timer: an incomplete batch waits, which is what static batching is.
 Unload and shutdown: Triton unloads a model only once every response sender it handed out is done,
 and it never tells the model that it wants to. So a watchdog asks Triton whether this model is still
 ready; once it is not (unload requested, or the server is exiting), parked requests are answered with
-UNAVAILABLE, which lets the unload proceed. `close()` (from finalize) lets a running batch finish.
+UNAVAILABLE, which lets the unload proceed. A reload leaves the model ready (its successor is), so the
+watchdog also asks `is_superseded` (`batchlm.serving.instance_claim`), and fails parked requests the
+same way once a successor instance holds this one's name. `close()` (from finalize) lets a running
+batch finish.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ _STOP = object()
 class StaticBatchingService:
     def __init__(self, build_generator: Callable[[], BatchGenerator], metrics: ModelMetrics, batch_size: int,
                  max_waiting: int, model_name: str, is_ready: Callable[[], bool] | None = None,
-                 watch_interval: float = 0.5) -> None:
+                 watch_interval: float = 0.5, is_superseded: Callable[[], bool] = lambda: False) -> None:
         """Builds the generator on the worker thread and returns when it is built (or raises)."""
         self._metrics = metrics
         self._batch_size = batch_size
@@ -49,7 +52,7 @@ class StaticBatchingService:
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
         if is_ready is not None:
-            self._watcher = threading.Thread(target=self._watch, args=(is_ready, watch_interval),
+            self._watcher = threading.Thread(target=self._watch, args=(is_ready, is_superseded, watch_interval),
                                              name="batchlm-static-watch", daemon=True)
             self._watcher.start()
 
@@ -93,12 +96,12 @@ class StaticBatchingService:
         self._batches.put(_STOP)
         self._worker.join(max(0.0, deadline - time.monotonic()))
 
-    def _fail_parked(self) -> None:
+    def _fail_parked(self, what: str = "unloaded") -> None:
         with self._lock:
             self._closed = True
             parked, self._parked = self._parked, []
-        error = Unavailable(f"{self._name} was unloaded before a full batch of "
-                                      f"{self._batch_size} requests arrived")
+        error = Unavailable(f"{self._name} was {what} before a full batch of "
+                            f"{self._batch_size} requests arrived")
         for _, sender in parked:
             triton_io.send_final_quietly(sender, triton_io.error_response(error))
 
@@ -120,10 +123,11 @@ class StaticBatchingService:
         for sender in removed:
             triton_io.send_final_quietly(sender, triton_io.cancelled_response(self._name))
 
-    def _watch(self, is_ready: Callable[[], bool], interval: float) -> None:
+    def _watch(self, is_ready: Callable[[], bool], is_superseded: Callable[[], bool], interval: float) -> None:
         """Every `interval` while requests are parked: close those whose clients cancelled, and fail the
-        others once Triton stops reporting this model ready. The model is not ready while it loads
-        either, so only a drop after it has been seen ready counts.
+        others once Triton stops reporting this model ready, or once a successor instance was loaded
+        (a reload; new requests go to it). The model is not ready while it loads either, so only a drop
+        after it has been seen ready counts.
 
         With nothing parked it asks nothing. Triton finalizes the instance only after every sender is
         closed, so a check can overlap finalize only while nothing is parked; one that did made
@@ -136,6 +140,9 @@ class StaticBatchingService:
             if idle:  # nothing to close or fail; and no call to the server that could overlap finalize
                 continue
             self._drop_cancelled()
+            if is_superseded():
+                self._fail_parked("reloaded")
+                return
             try:
                 ready = is_ready()
             except Exception as exc:  # noqa: BLE001 - the server is going away; treat as not ready

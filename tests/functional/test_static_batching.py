@@ -107,6 +107,33 @@ def test_overload_is_refused_with_unavailable_and_503(server, llm):
     assert llm.model_config("static_batching")["parameters"]["max_waiting"]["string_value"] == "64"
 
 
+def test_a_reload_fails_the_old_instances_parked_requests(server):
+    """A reload (the loaded model loaded again, here with another max_waiting) sends new requests to the
+    new instance, and Triton unloads the old one once the requests it holds are done, without telling
+    it; to the old instance the model still reads ready. Its parked requests get UNAVAILABLE
+    ("reloaded") once the successor holds the instance's name (InstanceClaim), and the old stub exits.
+    Before that they, and the old stub, waited for as long as the server ran."""
+    config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
+    config["parameters"]["max_waiting"]["string_value"] = "32"
+    old = {pid for pid, model in server.stubs().items() if model == "static_batching"}
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            parked = {protocol: pool.submit(_send, server, i, protocol) for i, protocol in enumerate(PROTOCOLS)}
+            time.sleep(2.0)
+            _load(server, config)
+            for protocol, f in parked.items():
+                with pytest.raises(RequestFailed) as info:
+                    f.result(timeout=30)
+                assert info.value.status in UNAVAILABLE[protocol], (protocol, info.value)
+                assert "static_batching was reloaded before a full batch" in info.value.message
+        deadline = time.monotonic() + 30
+        while old & set(server.stubs()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not old & set(server.stubs()), "the old instance's stub is still running"
+    finally:
+        _load(server)
+
+
 def test_sigterm_right_after_load_exits_cleanly(tmp_path):
     """The watchdog's readiness checks are calls to the server. One that overlapped the instance's
     finalize made tritonserver abort (SIGABRT, boost lock_exception) whenever the server was stopped

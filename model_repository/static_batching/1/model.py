@@ -2,6 +2,7 @@
 
 from batchlm.batch_generator import BatchGenerator
 from batchlm.serving import triton_io
+from batchlm.serving.instance_claim import InstanceClaim
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.static_service import StaticBatchingService
 
@@ -9,9 +10,12 @@ from batchlm.serving.static_service import StaticBatchingService
 class TritonPythonModel:
     def initialize(self, args):
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=False)
+        self.claim = InstanceClaim(args["model_instance_name"])
         self.service = StaticBatchingService(lambda: BatchGenerator.from_dir(model_dir, config.engine),
                                              ModelMetrics(name), config.batch_size,
-                                             config.max_waiting, name, triton_io.readiness_probe(name))
+                                             config.max_waiting, name, triton_io.readiness_probe(name),
+                                             is_superseded=self.claim.superseded)
+        self.claim.claim()  # NOTE: last: a successor that fails to load must not supersede this instance
 
     def execute(self, requests):
         for request in requests:
@@ -20,3 +24,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.service.close()
+        self.claim.release()
