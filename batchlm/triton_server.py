@@ -7,6 +7,7 @@ started, even when the server hangs on shutdown.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
@@ -189,6 +190,11 @@ class TritonServer:
         if self.process is None:
             return
         stubs = self.descendants()
+        # NOTE: Triton's SIGTERM handling first waits, up to its exit timeout, for every open HTTP
+        # connection to close, then unloads the models in whatever time is left. A client socket of this
+        # process kept alive only by a reference cycle (a failed request's traceback holds its response)
+        # made it wait out all 15 s and exit without unloading any model; collect such cycles first.
+        gc.collect()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:

@@ -78,7 +78,7 @@ def _load(server, config: dict | None = None) -> None:
     assert r.status_code == 200, r.text
 
 
-def test_overload_is_refused_with_unavailable_and_503(server, llm):
+def test_overload_is_refused_with_unavailable_and_503(server):
     """Beyond `max_waiting` parked requests, a request is refused at once: gRPC status UNAVAILABLE,
     HTTP /infer 503, and the parked requests are untouched (here, until the model is unloaded)."""
     config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
@@ -103,8 +103,7 @@ def test_overload_is_refused_with_unavailable_and_503(server, llm):
                     f.result(timeout=60)
                 assert "unloaded" in info.value.message
     finally:
-        _load(server)
-    assert llm.model_config("static_batching")["parameters"]["max_waiting"]["string_value"] == "64"
+        _reload_from_repository(server)
 
 
 def test_a_reload_fails_the_old_instances_parked_requests(server):
@@ -131,7 +130,17 @@ def test_a_reload_fails_the_old_instances_parked_requests(server):
             time.sleep(0.2)
         assert not old & set(server.stubs()), "the old instance's stub is still running"
     finally:
-        _load(server)
+        _reload_from_repository(server)
+
+
+def _reload_from_repository(server) -> None:
+    """Back to the repository's config.pbtxt. A load alone would not do it: Triton sees the model's files
+    unchanged and keeps the override."""
+    r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/unload", timeout=60)
+    assert r.status_code == 200, r.text
+    _load(server)
+    config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
+    assert config["parameters"]["max_waiting"]["string_value"] == "64"
 
 
 def test_sigterm_right_after_load_exits_cleanly(tmp_path):
