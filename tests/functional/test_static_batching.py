@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from batchlm.serving.instance_claim import InstanceClaim
 from batchlm.triton_server import TritonServer, free_port
 from client.triton_llm import LLMClient, RequestFailed
 
@@ -114,7 +115,10 @@ def test_a_reload_fails_the_old_instances_parked_requests(server):
     Before that they, and the old stub, waited for as long as the server ran."""
     config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
     config["parameters"]["max_waiting"]["string_value"] = "32"
-    old = {pid for pid, model in server.stubs().items() if model == "static_batching"}
+    # the instance that will hold the parked requests: the claim's holder (not every static_batching stub:
+    # an instance that a test before this one asked to unload may still be running)
+    old = {InstanceClaim("static_batching_0_0", server_pid=server.process.pid).holder()}
+    assert server.stubs().get(next(iter(old))) == "static_batching"
     try:
         with ThreadPoolExecutor(3) as pool:
             parked = {protocol: pool.submit(_send, server, i, protocol) for i, protocol in enumerate(PROTOCOLS)}
