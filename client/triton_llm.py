@@ -218,21 +218,27 @@ class LLMClient:
         responses: queue.Queue = queue.Queue()
         self.grpc.start_stream(callback=lambda result, error: responses.put((result, error)),
                                stream_timeout=self.timeout)
+        ended = False  # the server sent the request's last response (or its error)
         try:
             self.grpc.async_stream_infer(model, inputs, enable_empty_final_response=True)
             while True:
                 result, error = responses.get(timeout=self.timeout)
                 if error is not None:
+                    ended = True
                     raise _grpc_failure(error)
                 response = result.get_response()
+                final = response.parameters.get("triton_final_response")
+                ended = final is not None and final.bool_param
                 chunk = chunk_from_grpc(result) if response.outputs else None
                 if chunk is not None:
                     yield chunk
-                final = response.parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
+                if ended:
                     return
         finally:
-            self.grpc.stop_stream(cancel_requests=True)
+            # NOTE: cancel only a request still running (a timeout, or the caller stopped reading).
+            # Cancelling a stream whose last response had arrived left tritonserver 2.51 holding the
+            # model, which then never finished unloading (README, "Errors, overload and shutdown").
+            self.grpc.stop_stream(cancel_requests=not ended)
 
     def infer_grpc(self, model: str, prompt: str, max_tokens: int, **options) -> Result:
         """A whole answer over gRPC: the stream API for decoupled models, infer() otherwise."""

@@ -67,26 +67,31 @@ class TritonGrpcStreamUser(User):
         responses: queue.Queue = queue.Queue()
         self.triton.start_stream(callback=lambda result, error: responses.put((result, error)),
                                  stream_timeout=self.options.request_timeout)
+        ended = False  # the server sent the request's last response (or its error)
         try:
             self.triton.async_stream_infer(self.options.model, inputs, enable_empty_final_response=True)
-            tokens, error = self._drain(responses, timer)
+            tokens, error, ended = self._drain(responses, timer)
         finally:
-            # NOTE: cancels the request on the server if this user is stopped mid-request.
-            self.triton.stop_stream(cancel_requests=True)
+            # NOTE: cancels the request on the server if this user is stopped mid-request or timed out;
+            # never a finished one: cancelling a stream whose last response had arrived left tritonserver
+            # 2.51 holding the model, which then never finished unloading (README, "Errors, overload and
+            # shutdown").
+            self.triton.stop_stream(cancel_requests=not ended)
         timer.done(tokens, error)
         if error is not None:
             time.sleep(self.options.failure_wait)  # gevent's sleep: locust has patched time
 
-    def _drain(self, responses: queue.Queue, timer: common.RequestTimer) -> tuple[int, Exception | None]:
-        """Read responses until the final one: output tokens, and the failure (None on success)."""
+    def _drain(self, responses: queue.Queue, timer: common.RequestTimer) -> tuple[int, Exception | None, bool]:
+        """Read responses until the final one: output tokens, the failure (None on success), and whether
+        the server ended the request (False after a timeout)."""
         tokens = 0
         while True:
             try:
                 result, error = responses.get(timeout=self.options.request_timeout)
             except queue.Empty:
-                return tokens, common.ServerError(f"[timeout] no response in {self.options.request_timeout}s")
+                return tokens, common.ServerError(f"[timeout] no response in {self.options.request_timeout}s"), False
             if error is not None:
-                return tokens, _failure(error)
+                return tokens, _failure(error), True
             response = result.get_response()
             if response.outputs:
                 chunk = chunk_from_grpc(result)
@@ -95,7 +100,7 @@ class TritonGrpcStreamUser(User):
                     timer.first_output(tokens)
             final = response.parameters.get("triton_final_response")
             if final is None or final.bool_param:  # no flag: a non-decoupled model's only response
-                return tokens, None
+                return tokens, None, True
 
 
 def _failure(error: InferenceServerException) -> Exception:
