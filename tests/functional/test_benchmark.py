@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests as http
 
 from batchlm.triton_server import PROJECT_ROOT, free_port, process_tree
 
@@ -72,6 +73,26 @@ def test_grpc_transport_measures_the_same(server, stream):
     assert doc["summary"]["failures"] == {} and doc["summary"]["num_ok"] == len(requests)
     assert [r["num_output_tokens"] for r in doc["requests"]] == [r.max_tokens for r in requests]
     assert (doc["summary"]["itl"]["count"] > 0) is stream
+
+
+def test_a_streamed_grpc_run_leaves_the_model_free_to_unload(server):
+    """The benchmark's gRPC streams end without cancelling requests that have ended: cancelling a stream
+    whose last response had arrived left tritonserver 2.51 holding the model, and its unload never
+    finished (3 of 3 such runs before the change; docs/measurements.md, session 20)."""
+    requests_ = build_requests(WorkloadSpec(num_requests=4, output_mean=12.0, output_cap=24))
+    config = BenchmarkConfig("continuous_batching", server.http_url, server.grpc_url, None,
+                             ArrivalSpec.closed_loop(2), stream=True, protocol="grpc")
+    assert measure(config, requests_, {})["summary"]["num_ok"] == len(requests_)
+    before = {pid for pid, model in server.stubs().items() if model == "continuous_batching"}
+    repository = f"http://{server.http_url}/v2/repository/models/continuous_batching"
+    assert http.post(f"{repository}/unload", timeout=60).status_code == 200
+    try:
+        deadline = time.monotonic() + 15
+        while before & set(server.stubs()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not before & set(server.stubs()), "continuous_batching did not unload after the run"
+    finally:
+        assert http.post(f"{repository}/load", timeout=300).status_code == 200
 
 
 def test_http_runs_need_no_grpc_port(server):
