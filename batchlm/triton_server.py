@@ -22,6 +22,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchlm.serving.instance_claim import clear_claims
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 _CRASH = re.compile(r"corrupt|double free|malloc|free\(\)|Segmentation|Aborted")
@@ -210,6 +212,7 @@ class TritonServer:
                 pass
         for region in Path("/dev/shm").glob(self.shm_prefix + "*"):
             region.unlink(missing_ok=True)
+        clear_claims(self.process.pid)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

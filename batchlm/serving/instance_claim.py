@@ -15,6 +15,7 @@ alive (a successor whose load failed has exited, so its claim does not count).
 
 Contract: `claim()` at the end of a successful initialize, `superseded()` from any thread (a file read,
 no call to the server), `release()` in finalize (removes the claim only if it is still this process's).
+`clear_claims(server_pid)` once the server has stopped (`TritonServer.stop()` does).
 """
 
 from __future__ import annotations
@@ -24,10 +25,21 @@ import tempfile
 from pathlib import Path
 
 
+def default_folder() -> Path:
+    return Path(tempfile.gettempdir()) / "batchlm-instances"
+
+
+def clear_claims(server_pid: int, folder: Path | None = None) -> None:
+    """Remove every claim of a server that has stopped: an instance that never reached finalize (the
+    server exited on its exit timeout, or was killed) leaves its claim behind."""
+    for path in (default_folder() if folder is None else folder).glob(f"{server_pid}-*"):
+        path.unlink(missing_ok=True)
+
+
 class InstanceClaim:
     def __init__(self, instance_name: str, folder: Path | None = None, server_pid: int | None = None,
                  pid: int | None = None) -> None:
-        folder = Path(tempfile.gettempdir()) / "batchlm-instances" if folder is None else folder
+        folder = default_folder() if folder is None else folder
         server_pid = os.getppid() if server_pid is None else server_pid
         self.path = folder / f"{server_pid}-{instance_name}"
         self.pid = os.getpid() if pid is None else pid

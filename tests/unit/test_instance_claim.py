@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from batchlm.serving.instance_claim import InstanceClaim
+from batchlm.serving.instance_claim import InstanceClaim, clear_claims
 
 
 def test_a_live_successor_supersedes_and_a_dead_one_does_not(tmp_path):
@@ -32,3 +32,10 @@ def test_claims_are_per_server_and_instance_name(tmp_path):
     a.release()
     assert a.holder() is None and not a.superseded()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1-static_batching_0_1", "2-static_batching_0_0"]
+
+
+def test_a_stopped_servers_claims_are_cleared(tmp_path):
+    for server_pid, name in ((1, "static_batching_0_0"), (1, "static_batching_0_1"), (12, "static_batching_0_0")):
+        InstanceClaim(name, tmp_path, server_pid=server_pid, pid=100).claim()
+    clear_claims(1, tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["12-static_batching_0_0"]
