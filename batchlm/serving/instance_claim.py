@@ -60,14 +60,14 @@ class InstanceClaim:
     def superseded(self) -> bool:
         """True once another live process holds the claim: a successor instance has been loaded."""
         holder = self.holder()
-        return holder is not None and holder != self.pid and _alive(holder)
+        return holder is not None and holder != self.pid and process_alive(holder)
 
     def release(self) -> None:
         if self.holder() == self.pid:
             self.path.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """The process exists and is not a zombie (a stub that exited and was not reaped yet)."""
     if Path("/proc").is_dir():
         try:

@@ -6,11 +6,11 @@ stub it started; the teardown fails the run if any of them is still alive.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
+from batchlm.serving.instance_claim import process_alive
 from batchlm.triton_server import TritonServer, free_port
 from client.triton_llm import LLMClient
 
@@ -37,16 +37,7 @@ def llm(server):
     client.close()
 
 
-def is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+is_alive = process_alive  # a live process that is not a zombie
 
 
 def metric_value(server, name: str, model: str) -> float | None:
