@@ -6,7 +6,9 @@
 Every request asks for exactly its length (`ignore_eos`, greedy). Models that stream are read as a
 stream (true TTFT and inter-token gaps); the others answer once, so their TTFT is their E2E.
 `protocol` picks the transport: "http" (default: `/generate`, and `/generate_stream` server-sent events
-when streaming) or "grpc" (`ModelInfer`, and a `ModelStreamInfer` stream for decoupled models).
+when streaming), "grpc" (`ModelInfer`, and a `ModelStreamInfer` stream for decoupled models) or "infer"
+(HTTP `/infer`, one answer, only for models that are not decoupled; its failures carry Triton's status,
+503 for an overload, where `/generate` on tritonserver 2.51 answers every model error with 400).
 The client shares the machine with the server, so its own cost per response is part of what it
 measures: on the 2-core machine a streamed response costs this client about 0.55 ms of CPU over gRPC
 and 0.18 ms over HTTP (docs/architecture.md item 16), hence the default.
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from client.arrivals import CLOSED, ArrivalSpec
 from client.metrics_timeline import MetricsTimeline, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
-from client.triton_llm import PROTOCOLS, LLMClient, RequestFailed, collect
+from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
 from client.workload import WorkloadRequest
 
 # NOTE: gRPC Python wakes every thread blocked on a call or stream every 0.1 s
@@ -39,7 +41,8 @@ GRPC_WAIT_SECONDS = 5.0
 
 
 class UnmeasurableModel(ValueError):
-    """The model lacks what the benchmark reads (its token counter)."""
+    """The model cannot be measured as configured: it lacks what the benchmark reads (its token
+    counter), or the transport cannot reach it (HTTP /infer and a decoupled model)."""
 
 
 @contextlib.contextmanager
@@ -70,11 +73,14 @@ class BenchmarkConfig:
     slo: SLO = field(default_factory=SLO)
     timeout: float = 900.0         # per request, seconds
     max_open_in_flight: int = 512  # open loop: threads available to requests in flight
-    protocol: str = "http"         # "http" or "grpc" (see the module docstring)
+    protocol: str = "http"         # "http", "grpc" or "infer" (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"BenchmarkConfig.protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.protocol not in STREAMING_PROTOCOLS and self.stream:
+            raise ValueError(f"BenchmarkConfig.stream: protocol {self.protocol!r} cannot stream; "
+                             f"use one of {STREAMING_PROTOCOLS}")
 
 
 @dataclass
@@ -123,6 +129,9 @@ class Benchmark:
             if "num_output_tokens" not in probe.outputs(self.config.model):
                 raise UnmeasurableModel(f"{self.config.model} has no num_output_tokens output: the benchmark "
                                         "counts each request's tokens from it")
+            if self.config.protocol not in STREAMING_PROTOCOLS and probe.is_decoupled(self.config.model):
+                raise UnmeasurableModel(f"{self.config.model} is decoupled, and protocol {self.config.protocol!r} "
+                                        f"(HTTP /infer) cannot reach it; use one of {STREAMING_PROTOCOLS}")
             if self.config.stream is None:
                 self._streamed = can_stream(probe, self.config.model, self.config.protocol)
             else:

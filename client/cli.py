@@ -2,11 +2,14 @@
 
     python -m client generate continuous_batching "Once upon a time" --max-tokens 32
     python -m client generate dynamic_batching "Hello" --max-tokens 16 --protocol http
+    python -m client generate static_batching "Hello" --protocol infer
     python -m client info static_batching
 
 Decoupled models are read as a stream, a gRPC one or, with `--protocol http`, server-sent events from
-`/generate_stream`, and the text is printed as it arrives (models that refuse `stream: true`, like
-static_batching, are asked again for one answer); others answer once.
+`/generate_stream`, and the text is printed as it arrives (models that refuse `stream: true` are asked
+again for one answer); others answer once. `--protocol infer` sends HTTP `/infer` (KServe v2), which
+only models that are not decoupled serve, and whose error statuses are Triton's (503 for an
+overload), where `/generate` on tritonserver 2.51 answers every model error with 400.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     gen.add_argument("model")
     gen.add_argument("prompt")
     gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--protocol", choices=PROTOCOLS, default="grpc")
+    gen.add_argument("--protocol", choices=PROTOCOLS, default="grpc",
+                     help="grpc (default), http (/generate, /generate_stream) or infer (HTTP /infer)")
     gen.add_argument("--no-stream", action="store_true", help="ask for one answer even if it can stream")
     gen.add_argument("--temperature", type=float)
     gen.add_argument("--top-k", type=int)

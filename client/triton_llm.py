@@ -79,7 +79,11 @@ DATATYPES: dict[str, tuple[str, type]] = {
     "TYPE_FP16": ("FP16", np.float16), "TYPE_FP32": ("FP32", np.float32), "TYPE_FP64": ("FP64", np.float64),
 }
 COUNTERS = ("finish_reason", "num_input_tokens", "num_output_tokens")
-PROTOCOLS = ("http", "grpc")  # http: /generate and /generate_stream (SSE); grpc: infer and streams
+# http: /generate and /generate_stream (SSE); grpc: ModelInfer and ModelStreamInfer streams; infer: HTTP
+# /infer in KServe v2 JSON, one answer, models that are not decoupled (it carries Triton's error code as
+# the HTTP status, which /generate on tritonserver 2.51 does not)
+PROTOCOLS = ("http", "grpc", "infer")
+STREAMING_PROTOCOLS = ("http", "grpc")  # the ones that reach every model, decoupled ones and streams included
 
 
 @dataclass
@@ -143,14 +147,22 @@ class LLMClient:
         return {o["name"] for o in self.model_config(model).get("output", [])}
 
     def answer(self, protocol: str, model: str, prompt: str, max_tokens: int, **options) -> Result:
-        """One whole answer over `protocol` (PROTOCOLS): `generate` or `infer_grpc`."""
-        ask = self.generate if protocol == "http" else self.infer_grpc
-        return ask(model, prompt, max_tokens, **options)
+        """One whole answer over `protocol` (PROTOCOLS): `generate`, `infer_grpc` or `infer_http`."""
+        asks = {"http": self.generate, "grpc": self.infer_grpc, "infer": self.infer_http}
+        if protocol not in asks:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        return asks[protocol](model, prompt, max_tokens, **options)
 
     def stream(self, protocol: str, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
-        """The response stream over `protocol` (PROTOCOLS): `generate_stream` or `stream_grpc`."""
-        ask = self.generate_stream if protocol == "http" else self.stream_grpc
-        return ask(model, prompt, max_tokens, **options)
+        """The response stream over `protocol` (STREAMING_PROTOCOLS): `generate_stream` or `stream_grpc`.
+        "infer" cannot stream: RequestFailed("client", ...)."""
+        if protocol == "infer":
+            raise RequestFailed("client", f"HTTP /infer answers once and cannot stream {model}; stream over "
+                                          f"{' or '.join(STREAMING_PROTOCOLS)}")
+        asks = {"http": self.generate_stream, "grpc": self.stream_grpc}
+        if protocol not in asks:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        return asks[protocol](model, prompt, max_tokens, **options)
 
     def _fields(self, model: str, prompt: str, max_tokens: int, **options) -> dict:
         """The request's fields, each one an input the model declares; else RequestFailed("client", ...)
@@ -180,8 +192,12 @@ class LLMClient:
         """POST /v2/models/<model>/infer (KServe v2 JSON): one answer, from a model that is not decoupled.
 
         Unlike /generate it carries Triton's error code as the HTTP status (503 for UNAVAILABLE): on
-        tritonserver 2.51 /generate answers every error a model returns with 400."""
+        tritonserver 2.51 /generate answers every error a model returns with 400. A decoupled model is
+        refused here, RequestFailed("client", ...): Triton's /infer cannot serve one."""
         start = time.perf_counter()
+        if self.is_decoupled(model):
+            raise RequestFailed("client", f"{model} is decoupled, and HTTP /infer cannot serve a decoupled "
+                                          f"model; ask over {' or '.join(STREAMING_PROTOCOLS)}")
         body = http_infer_body(self._fields(model, prompt, max_tokens, **options), self.model_config(model))
         r = self._http.post(f"http://{self.http_url}/v2/models/{model}/infer", json=body, timeout=self.timeout)
         _raise_for_http(r)

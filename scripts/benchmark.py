@@ -22,7 +22,7 @@ from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import BenchmarkConfig, UnmeasurableModel  # noqa: E402
 from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
 from client.request_record import SLO  # noqa: E402
-from client.triton_llm import PROTOCOLS, unreachable  # noqa: E402
+from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, unreachable  # noqa: E402
 from client.workload import WorkloadSpec, build_requests  # noqa: E402
 
 
@@ -47,8 +47,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                    help="stream the answer (default: when the model can)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="http",
-                   help="http: /generate and /generate_stream (SSE); grpc: infer and streams (default: http)")
-    return p.parse_args()
+                   help="http: /generate and /generate_stream (SSE); grpc: infer and streams; infer: HTTP "
+                        "/infer, one answer, models that are not decoupled, with Triton's status codes "
+                        "(default: http)")
+    args = p.parse_args()
+    if args.stream and args.protocol not in STREAMING_PROTOCOLS:
+        p.error(f"--stream: --protocol {args.protocol} cannot stream; use one of {', '.join(STREAMING_PROTOCOLS)}")
+    return args
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import Benchmark, BenchmarkConfig  # noqa: E402
 from client.engine_baseline import engine_throughput  # noqa: E402
 from client.report import markdown_table, measure, summary_row, write_run  # noqa: E402
-from client.triton_llm import PROTOCOLS  # noqa: E402
+from client.triton_llm import STREAMING_PROTOCOLS  # noqa: E402
 from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noqa: E402
 
 STATIC, DYNAMIC, CONT = comparison.STRATEGIES
@@ -73,7 +73,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--same-kv-seqs", type=int, default=64)
     p.add_argument("--same-kv-requests", type=int,
                    help="saturation requests of the same-KV run (default: as many per slot as the others)")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="http",
+    p.add_argument("--protocol", choices=STREAMING_PROTOCOLS, default="http",
                    help="the benchmark client's transport (client.benchmark; default: http)")
     p.add_argument("--lock-file", type=Path, help="hold this flock while a server or a measurement runs")
     p.add_argument("--publish", type=Path, help="also copy comparison.md and plots/ here")

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client.comparison import write_variant  # noqa: E402
-from client.triton_llm import PROTOCOLS  # noqa: E402
+from client.triton_llm import STREAMING_PROTOCOLS  # noqa: E402
 
 MODEL = "continuous_batching"
 
@@ -35,7 +35,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--num-requests", type=int, default=128)
-    p.add_argument("--protocol", choices=PROTOCOLS, default="http",
+    p.add_argument("--protocol", choices=STREAMING_PROTOCOLS, default="http",
                    help="the benchmark client's transport (scripts/benchmark.py --protocol)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "stream_interval")
     args = p.parse_args()

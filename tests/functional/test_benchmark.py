@@ -16,7 +16,7 @@ from batchlm.triton_server import PROJECT_ROOT, free_port, process_tree
 
 from client import plots
 from client.arrivals import ArrivalSpec
-from client.benchmark import BenchmarkConfig
+from client.benchmark import BenchmarkConfig, UnmeasurableModel
 from client.cli import main as cli_main
 from client.report import measure, write_run
 from client.workload import WorkloadSpec, build_requests
@@ -95,6 +95,22 @@ def test_a_streamed_grpc_run_leaves_the_model_free_to_unload(server):
         assert http.post(f"{repository}/load", timeout=300).status_code == 200
 
 
+def test_infer_transport_measures_request_level_models_and_refuses_a_decoupled_one(server):
+    """HTTP /infer serves the models that are not decoupled; a decoupled one is refused before any
+    request is sent, naming the transports that reach it."""
+    requests_ = build_requests(WorkloadSpec(num_requests=2, output_mean=8.0, output_cap=12))
+    nowhere = f"127.0.0.1:{free_port()}"
+    config = BenchmarkConfig("dynamic_batching", server.http_url, nowhere, None, ArrivalSpec.closed_loop(2),
+                             protocol="infer")
+    doc = measure(config, requests_, {})
+    assert doc["protocol"] == "infer" and doc["streamed"] is False and doc["summary"]["failures"] == {}
+    assert [r["num_output_tokens"] for r in doc["requests"]] == [r.max_tokens for r in requests_]
+    config = BenchmarkConfig("continuous_batching", server.http_url, server.grpc_url, None,
+                             ArrivalSpec.closed_loop(2), protocol="infer")
+    with pytest.raises(UnmeasurableModel, match="continuous_batching is decoupled.*'http', 'grpc'"):
+        measure(config, requests_, {})
+
+
 def test_http_runs_need_no_grpc_port(server):
     """Over HTTP nothing goes to the gRPC address, the streaming probe included."""
     requests = build_requests(WorkloadSpec(num_requests=2, output_mean=8.0, output_cap=12))
@@ -133,6 +149,19 @@ def test_cli_streams_and_reports_counts(server, capsys):
     assert out_http.split("\n--\n")[0] == out.split("\n--\n")[0]  # the same greedy text
     code = cli_main(["--http", server.http_url, "--grpc", server.grpc_url, "info", "dynamic_batching"])
     assert code == 0 and '"max_batch_size": 8' in capsys.readouterr().out
+
+
+def test_cli_asks_over_http_infer_where_the_model_is_not_decoupled(server, capsys):
+    ask = ["--http", server.http_url, "--grpc", f"127.0.0.1:{free_port()}", "generate"]
+    code = cli_main([*ask, "dynamic_batching", "Once upon a time", "--max-tokens", "5", "--ignore-eos",
+                     "--protocol", "infer"])
+    out = capsys.readouterr().out
+    assert code == 0 and "output_tokens=5" in out and "finish_reason=length" in out, out
+    code = cli_main([*ask, "continuous_batching", "hi", "--protocol", "infer"])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.out == "", captured
+    assert captured.err.startswith("error: [client] continuous_batching is decoupled"), captured.err
+    assert "http or grpc" in captured.err and len(captured.err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("command", [["generate", "continuous_batching", "hi", "--protocol", "grpc"],

@@ -39,6 +39,9 @@ def test_benchmark_config_names_a_bad_protocol():
     assert BenchmarkConfig("m", protocol="grpc").protocol == "grpc"
     with pytest.raises(ValueError, match="protocol"):
         BenchmarkConfig("m", protocol="websocket")
+    assert BenchmarkConfig("m", protocol="infer", stream=False).protocol == "infer"
+    with pytest.raises(ValueError, match="'infer' cannot stream"):
+        BenchmarkConfig("m", protocol="infer", stream=True)
 
 
 def test_summary_tpot_gaps_goodput_and_failures():
