@@ -4,6 +4,11 @@
     python scripts/serve.py [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
 
 Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT. `make serve` runs the set-up first.
+
+Without `--log` this process becomes tritonserver (its log on the terminal; it handles SIGINT and SIGTERM
+itself). With `--log` it starts the server and waits: SIGINT, SIGTERM or SIGHUP stop the server, which
+unloads its models, and then this script removes what the server's stubs left (shared-memory regions,
+instance claims) and exits 0.
 """
 
 import argparse
@@ -13,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from batchlm.triton_server import DEFAULT_REPOSITORY, TritonServer  # noqa: E402
+from batchlm.triton_server import DEFAULT_REPOSITORY, TritonServer, exit_cleanly_on_sigterm  # noqa: E402
 
 
 def main() -> int:
@@ -34,10 +39,19 @@ def main() -> int:
     if args.log is None:
         # Foreground: the server's own log goes to this terminal.
         os.execve(server.command()[0], server.command(), server.environment())
-    server.start()
-    print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
-    signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    server.stop()
+    exit_cleanly_on_sigterm()  # NOTE: SIGTERM's default action would end this process before server.stop()
+    try:
+        server.start()
+        print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",
+              flush=True)
+        while True:
+            signal.pause()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the stop short
+            signal.signal(signum, signal.SIG_IGN)
+        server.stop()
     return 0
 
 
