@@ -30,6 +30,7 @@ from client.metrics_timeline import MetricsTimeline, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
 from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
 from client.workload import WorkloadRequest
+from tritonclient.utils import InferenceServerException
 
 # NOTE: gRPC Python wakes every thread blocked on a call or stream every 0.1 s
 # (grpc._common.MAXIMUM_WAIT_TIMEOUT, so that Ctrl-C is seen), whether or not anything arrived. With 64
@@ -129,6 +130,8 @@ class Benchmark:
             if "num_output_tokens" not in probe.outputs(self.config.model):
                 raise UnmeasurableModel(f"{self.config.model} has no num_output_tokens output: the benchmark "
                                         "counts each request's tokens from it")
+            if self.config.protocol == "grpc":
+                probe.check_grpc()  # NOTE: else an unreachable gRPC address fails every request, not the run
             if self.config.protocol not in STREAMING_PROTOCOLS and probe.is_decoupled(self.config.model):
                 raise UnmeasurableModel(f"{self.config.model} is decoupled, and protocol {self.config.protocol!r} "
                                         f"(HTTP /infer) cannot reach it; use one of {STREAMING_PROTOCOLS}")
@@ -219,7 +222,7 @@ class Benchmark:
             record.error, record.error_message = exc.status, exc.message
             record.latency = time.perf_counter() - start
             return record
-        except (OSError, RuntimeError, queue.Empty) as exc:  # transport failures, timeouts
+        except (OSError, RuntimeError, queue.Empty, InferenceServerException) as exc:  # transport failures, timeouts
             record.error, record.error_message = type(exc).__name__, str(exc)
             record.latency = time.perf_counter() - start
             return record

@@ -2,7 +2,7 @@
 
     python -m client generate continuous_batching "Once upon a time" --max-tokens 32
     python -m client generate dynamic_batching "Hello" --max-tokens 16 --protocol http
-    python -m client generate static_batching "Hello" --protocol infer
+    python -m client generate dynamic_batching "Hello" --protocol infer
     python -m client info static_batching
 
 Decoupled models are read as a stream, a gRPC one or, with `--protocol http`, server-sent events from
@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import sys
 import time
+
+import requests
 
 from client.triton_llm import PROTOCOLS, LLMClient, RequestFailed, Result, collect, unreachable
 
@@ -27,6 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--http", default="127.0.0.1:8000", help="HTTP host:port")
     p.add_argument("--grpc", default="127.0.0.1:8001", help="gRPC host:port")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for an answer (default 600)")
     sub = p.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="send one request and print the answer")
     gen.add_argument("model")
@@ -83,9 +87,14 @@ def info(llm: LLMClient, model: str) -> dict:
     }
 
 
+def _timed_out(args: argparse.Namespace) -> int:
+    print(f"error: no answer within --timeout {args.timeout:g} s", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    llm = LLMClient(args.http, args.grpc)
+    llm = LLMClient(args.http, args.grpc, timeout=args.timeout)
     try:
         if args.command == "info":
             print(json.dumps(info(llm, args.model), indent=1))
@@ -99,8 +108,13 @@ def main(argv: list[str] | None = None) -> int:
               f"ttft={result.ttft:.3f}s latency={result.latency:.3f}s chunks={len(result.chunk_times)}")
         return 0
     except RequestFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        if exc.status == "StatusCode.DEADLINE_EXCEEDED":  # gRPC's own timeout
+            return _timed_out(args)
+        message = unreachable(exc, args.http, args.grpc)
+        print(message or f"error: {exc}", file=sys.stderr)
+        return 2 if message else 1
+    except (requests.Timeout, queue.Empty):  # HTTP's timeout, and a gRPC stream's wait
+        return _timed_out(args)
     except Exception as exc:
         message = unreachable(exc, args.http, args.grpc)
         if message is None:

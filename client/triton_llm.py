@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,10 +44,18 @@ FIELDS: dict[str, tuple[str, type]] = {
 }
 
 
+# gRPC's own UNAVAILABLE when nothing answers at the address (a model's UNAVAILABLE, an overload, says otherwise)
+_GRPC_UNREACHABLE = re.compile(r"failed to connect to all addresses|Connection refused|DNS resolution failed")
+
+
 def unreachable(exc: BaseException, http: str, grpc: str) -> str | None:
     """If `exc` says no server answered at these addresses (connection refused, unknown host, gRPC
     UNAVAILABLE), the one-line error to print, with the innermost cause; None for any other error."""
-    if isinstance(exc, InferenceServerException):
+    if isinstance(exc, RequestFailed):  # a gRPC call that could not connect
+        if exc.status != "StatusCode.UNAVAILABLE" or not _GRPC_UNREACHABLE.search(exc.message):
+            return None
+        reason = exc.message
+    elif isinstance(exc, InferenceServerException):
         if exc.status() != "StatusCode.UNAVAILABLE":
             return None
         reason = exc.message() or str(exc)
@@ -227,6 +236,13 @@ class LLMClient:
             self._grpc = grpcclient.InferenceServerClient(self.grpc_url)
         return self._grpc
 
+    def check_grpc(self) -> None:
+        """Raise RequestFailed if the gRPC address does not answer (see `unreachable`)."""
+        try:
+            self.grpc.is_server_live(client_timeout=min(self.timeout, 30.0))
+        except InferenceServerException as exc:
+            raise _grpc_failure(exc) from None
+
     def stream_grpc(self, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
         """gRPC bidirectional stream (decoupled models): yield each response as it arrives."""
         inputs = grpc_inputs(self._fields(model, prompt, max_tokens, **options),
@@ -236,7 +252,15 @@ class LLMClient:
                                stream_timeout=self.timeout)
         ended = False  # the server sent the request's last response (or its error)
         try:
-            self.grpc.async_stream_infer(model, inputs, enable_empty_final_response=True)
+            try:
+                self.grpc.async_stream_infer(model, inputs, enable_empty_final_response=True)
+            except InferenceServerException as exc:  # the stream failed before it was used ...
+                ended = True
+                try:  # ... and its callback has (or soon has) the cause, e.g. a refused connection
+                    _, error = responses.get(timeout=1.0)
+                except queue.Empty:
+                    error = None
+                raise _grpc_failure(error if error is not None else exc) from None
             while True:
                 result, error = responses.get(timeout=self.timeout)
                 if error is not None:
@@ -371,13 +395,19 @@ def _int_or_none(value) -> int | None:
     return None if value is None else int(value)
 
 
+def http_error_message(content: bytes | None) -> str:
+    """Triton's message from an HTTP error body: `{"error": ...}`, or one event `data: {"error": ...}`
+    when /generate_stream refuses a request before streaming; the body as text if it is neither."""
+    text = (content or b"").decode(errors="replace").strip()
+    try:
+        return json.loads(text.removeprefix("data:"))["error"]
+    except (ValueError, KeyError, TypeError):
+        return text
+
+
 def _raise_for_http(r: requests.Response) -> None:
     if r.status_code != 200:
-        try:
-            message = r.json().get("error", r.text)
-        except ValueError:
-            message = r.text
-        raise RequestFailed(str(r.status_code), message)
+        raise RequestFailed(str(r.status_code), http_error_message(r.content))
 
 
 def _grpc_failure(error) -> RequestFailed:

@@ -18,6 +18,7 @@ from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 
 import common
+from client.triton_llm import http_error_message  # noqa: E402 - common puts the repository on sys.path
 
 
 class TritonHttpUser(FastHttpUser):
@@ -59,7 +60,7 @@ def _read(response, timer: common.RequestTimer, stream: bool) -> tuple[int, Exce
     if response.status_code == 0:  # no HTTP answer at all: connection refused or reset
         return 0, common.ServerError(f"[connection] {response.error}")
     if response.status_code != 200:
-        return 0, common.failure(str(response.status_code), _error_message(response.content))
+        return 0, common.failure(str(response.status_code), http_error_message(response.content))
     if not stream:
         body = json.loads(response.content)
         tokens = _scalar(body["num_output_tokens"])
@@ -82,16 +83,6 @@ def _sse_events(response):
         line = line.strip()
         if line.startswith(b"data:"):
             yield json.loads(line[len(b"data:"):])
-
-
-def _error_message(content: bytes | None) -> str:
-    """Triton's message from an error body: `{"error": ...}`, or one event `data: {"error": ...}` when
-    /generate_stream refuses a request before streaming."""
-    text = (content or b"").decode(errors="replace").strip()
-    try:
-        return json.loads(text.removeprefix("data:"))["error"]
-    except (ValueError, KeyError, TypeError):
-        return text
 
 
 def _scalar(value) -> int:

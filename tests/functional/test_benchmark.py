@@ -175,6 +175,36 @@ def test_cli_without_a_server_says_so_in_one_line(capsys, command):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("model", ["continuous_batching", "dynamic_batching"])
+def test_cli_and_benchmark_say_so_when_only_grpc_is_unreachable(server, capsys, tmp_path, model):
+    """The HTTP address answers (the model's config comes from it) and nothing listens on the gRPC one:
+    one line, status 2, as when no server answers at all. Before, a stream raised tritonclient's
+    "stream is no longer in valid state" as a traceback, and the benchmark ran and failed every request."""
+    nowhere = f"127.0.0.1:{free_port()}"
+    code = cli_main(["--http", server.http_url, "--grpc", nowhere, "generate", model, "hi", "--protocol", "grpc"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: cannot reach the server") and "refused" in err, err
+    assert len(err.strip().splitlines()) == 1
+    proc = subprocess.run([sys.executable, "scripts/benchmark.py", model, "--concurrency", "2", "--num-requests", "2",
+                           "--http", server.http_url, "--grpc", nowhere, "--metrics", server.metrics_url,
+                           "--protocol", "grpc", "--out", str(tmp_path)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: cannot reach the server"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_cli_prints_a_refused_streams_message_and_a_timeout_in_one_line(server, capsys):
+    ask = ["--http", server.http_url, "--grpc", server.grpc_url]
+    code = cli_main([*ask, "generate", "continuous_batching", "Hello", "--max-tokens", "5000", "--protocol", "http"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("error: [400] max_tokens: ") and "data:" not in err, err
+    assert len(err.strip().splitlines()) == 1
+    code = cli_main([*ask, "--timeout", "0.2", "generate", "continuous_batching", "Hello", "--max-tokens", "900",
+                     "--ignore-eos", "--protocol", "grpc"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.strip() == "error: no answer within --timeout 0.2 s", err
+
+
 def test_benchmark_without_a_server_says_so_in_one_line(tmp_path):
     url = f"127.0.0.1:{free_port()}"
     proc = subprocess.run([sys.executable, "scripts/benchmark.py", "dynamic_batching", "--concurrency", "2",

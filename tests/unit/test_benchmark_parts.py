@@ -180,3 +180,12 @@ def test_load_table_reads_sequences_per_forward_and_busy_samples():
             for line in load_table(docs, "point").splitlines()[2:]}
     assert rows["static_batching"] == ["static_batching", "1.75", "50%", "1.500", "0.250"]
     assert rows["continuous_batching"][1:3] == ["-", "-"]  # no timeline: not guessed
+
+
+def test_http_error_message_reads_a_json_body_and_a_refused_streams_event():
+    from client.triton_llm import http_error_message
+
+    assert http_error_message(b'{"error": "max_tokens: too many"}') == "max_tokens: too many"
+    assert http_error_message(b'data: {"error":"max_tokens: too many"}\n\n') == "max_tokens: too many"
+    assert http_error_message(b"<html>bad gateway</html>") == "<html>bad gateway</html>"
+    assert http_error_message(None) == ""
