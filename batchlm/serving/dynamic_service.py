@@ -45,8 +45,8 @@ class DynamicBatchingService:
                 responses[i] = triton_io.error_response(exc)
             return
         finally:
-            self._metrics.record_idle()
             self._metrics.record_queue(0, 0, *self._generator.kv_usage())
+            self._metrics.record_idle()  # NOTE: after the gauges' update, which this flush pushes
         for (i, _), out in zip(batch, outputs):
             responses[i] = triton_io.output_response(out, out.text, batched=True)
 

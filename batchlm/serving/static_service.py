@@ -172,7 +172,8 @@ class StaticBatchingService:
             return
         finally:
             self._running = 0
-            self._metrics.record_idle()
+            self._record_queue()
+            self._metrics.record_idle()  # NOTE: after the gauges' update, which this flush pushes
         for (_, sender), out in zip(batch, outputs):
             response = (triton_io.cancelled_response(self._name) if sender.is_cancelled()
                         else triton_io.output_response(out, out.text, False))
@@ -181,6 +182,9 @@ class StaticBatchingService:
 
     def _on_step(self, num_sequences: int, new_tokens: int) -> None:
         self._metrics.record_step(num_sequences, new_tokens)
+        self._record_queue()
+
+    def _record_queue(self) -> None:
         with self._lock:
             waiting = len(self._parked) + self._batches.qsize() * self._batch_size
         self._metrics.record_queue(waiting, self._running, *self._generator.kv_usage())

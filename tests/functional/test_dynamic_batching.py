@@ -6,6 +6,7 @@ import pytest
 import requests
 
 from client.triton_llm import LLMClient, RequestFailed
+from tests.functional.conftest import metric_value
 
 MODEL = "dynamic_batching"
 
@@ -43,6 +44,9 @@ def test_lone_request_waits_about_the_queue_delay(server):
     waited = (int(q1["ns"]) - int(q0["ns"])) / 1e9
     assert int(q1["count"]) - int(q0["count"]) == 1
     assert 0.8 * delay_s <= waited <= delay_s + 0.25, f"queued {waited:.3f}s, delay is {delay_s:.3f}s"
+    # The gauges were pushed before the answer: nothing runs now (they read 1 until the next request before)
+    for name in ("batchlm_running_requests", "batchlm_kv_blocks_used"):
+        assert metric_value(server, name, MODEL) == 0, name
 
 
 def test_stream_is_refused_with_field_named(llm):

@@ -10,6 +10,7 @@ import requests
 from batchlm.serving.instance_claim import InstanceClaim
 from batchlm.triton_server import TritonServer, free_port
 from client.triton_llm import LLMClient, RequestFailed
+from tests.functional.conftest import metric_value
 
 BATCH = 8
 PROTOCOLS = ("http", "infer", "grpc")
@@ -45,6 +46,9 @@ def test_nth_request_releases_the_batch(server):
     # Everyone waits for the slowest: the answers arrive together.
     finish_times = [t for t, _ in results]
     assert max(finish_times) - min(finish_times) < 1.0
+    # The gauges were pushed before the answers: nothing runs now (they read 8 until the next request before)
+    for name in ("batchlm_running_requests", "batchlm_waiting_requests", "batchlm_kv_blocks_used"):
+        assert metric_value(server, name, "static_batching") == 0, name
 
 
 def test_stream_is_refused_with_field_named(llm):
