@@ -25,12 +25,13 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from tritonclient.utils import InferenceServerException
+
 from client.arrivals import CLOSED, ArrivalSpec
 from client.metrics_timeline import MetricsTimeline, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
 from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
 from client.workload import WorkloadRequest
-from tritonclient.utils import InferenceServerException
 
 # NOTE: gRPC Python wakes every thread blocked on a call or stream every 0.1 s
 # (grpc._common.MAXIMUM_WAIT_TIMEOUT, so that Ctrl-C is seen), whether or not anything arrived. With 64
@@ -114,6 +115,23 @@ def can_stream(llm: LLMClient, model: str, protocol: str = "http") -> bool:
     return True
 
 
+def unfillable_batches(model_config: dict, num_requests: int, arrival: ArrivalSpec) -> str | None:
+    """Why a run would leave requests waiting for ever on a model that answers only full batches (its
+    `batch_size` parameter, as static_batching's), or None: closed loop below the batch size never fills
+    one, and a request count that is not a multiple of it leaves the last ones parked."""
+    batch = model_config.get("parameters", {}).get("batch_size", {}).get("string_value")
+    if batch is None or not batch.isdigit() or int(batch) <= 1:
+        return None
+    batch, name = int(batch), model_config.get("name", "the model")
+    if arrival.mode == CLOSED and arrival.concurrency < batch:
+        return (f"{name} answers only full batches of {batch}: closed loop at {arrival.concurrency} in flight "
+                f"never fills one; use a concurrency of {batch} or more")
+    if num_requests % batch:
+        return (f"{name} answers only full batches of {batch}: the last {num_requests % batch} of "
+                f"{num_requests} requests would wait for ever; send a multiple of {batch}")
+    return None
+
+
 class Benchmark:
     def __init__(self, config: BenchmarkConfig) -> None:
         self.config = config
@@ -130,6 +148,9 @@ class Benchmark:
             if "num_output_tokens" not in probe.outputs(self.config.model):
                 raise UnmeasurableModel(f"{self.config.model} has no num_output_tokens output: the benchmark "
                                         "counts each request's tokens from it")
+            problem = unfillable_batches(probe.model_config(self.config.model), len(requests), self.config.arrival)
+            if problem is not None:
+                raise UnmeasurableModel(problem)
             if self.config.protocol == "grpc":
                 probe.check_grpc()  # NOTE: else an unreachable gRPC address fails every request, not the run
             if self.config.protocol not in STREAMING_PROTOCOLS and probe.is_decoupled(self.config.model):

@@ -54,6 +54,18 @@ def parse_metrics(text: str, model: str) -> dict[str, float]:
     return values
 
 
+def metrics_problem(metrics_url: str, model: str) -> str | None:
+    """Why `metrics_url` gives no timeline of `model` (unreachable, or no such model's metrics), or None."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as r:
+            values = parse_metrics(r.read().decode(), model)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"no metrics at {metrics_url} ({exc})"
+    if "generated_tokens" not in values:
+        return f"{metrics_url} has no batchlm metrics of {model}"
+    return None
+
+
 class MetricsTimeline:
     """Use as a context manager around a run; `samples` holds the timeline afterwards.
 

@@ -10,6 +10,7 @@ this model loaded. The workload is client.workload.WorkloadSpec's default, seede
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -20,9 +21,10 @@ from batchlm.triton_server import (DEFAULT_REPOSITORY, TritonServer,  # noqa: E4
                                   exit_cleanly_on_sigterm, free_port)
 from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import BenchmarkConfig, UnmeasurableModel  # noqa: E402
+from client.metrics_timeline import metrics_problem  # noqa: E402
 from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
 from client.request_record import SLO  # noqa: E402
-from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, unreachable  # noqa: E402
+from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, unreachable  # noqa: E402
 from client.workload import WorkloadSpec, build_requests  # noqa: E402
 
 
@@ -53,15 +55,22 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if args.stream and args.protocol not in STREAMING_PROTOCOLS:
         p.error(f"--stream: --protocol {args.protocol} cannot stream; use one of {', '.join(STREAMING_PROTOCOLS)}")
+    try:
+        args.spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests)
+        args.arrival = ArrivalSpec.open_loop(args.rate, args.burstiness, args.seed) if args.rate is not None \
+            else ArrivalSpec.closed_loop(args.concurrency)
+    except ValueError as exc:  # the specs' own checks: rate, burstiness, concurrency, num_requests
+        p.error(str(exc))
+    if args.start_server and not (args.model_repository / args.model / "config.pbtxt").is_file():
+        models = sorted(d.name for d in args.model_repository.iterdir() if (d / "config.pbtxt").is_file())
+        p.error(f"{args.model}: no such model in {args.model_repository}; it has {', '.join(models)}")
     return args
 
 
 def main() -> None:
     args = parse_args()
     exit_cleanly_on_sigterm()
-    spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests)
-    arrival = ArrivalSpec.open_loop(args.rate, args.burstiness, args.seed) if args.rate \
-        else ArrivalSpec.closed_loop(args.concurrency)
+    spec, arrival = args.spec, args.arrival
     server = None
     if args.start_server:
         server = TritonServer(model_repository=args.model_repository,
@@ -77,12 +86,20 @@ def main() -> None:
                                  protocol=args.protocol)
         print(f"{args.model}: {arrival.label}, {spec.num_requests} requests; step-count bound of "
               f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
+        with contextlib.closing(LLMClient(args.http, args.grpc)) as probe:
+            probe.model_config(args.model)  # NOTE: an unreachable server is reported as such, not as no metrics
+        problem = metrics_problem(args.metrics, args.model)
+        if problem is not None:
+            print(f"warning: {problem}: this run has no metrics timeline and no saturated throughput",
+                  file=sys.stderr)
         doc = measure(config, build_requests(spec), spec.as_dict())
     except UnmeasurableModel as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:
         message = unreachable(exc, args.http, args.grpc)
+        if message is None and isinstance(exc, RequestFailed):  # the server refused before the run (no such model)
+            message = f"error: {exc}"
         if message is None:
             raise
         print(message, file=sys.stderr)

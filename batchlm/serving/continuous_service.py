@@ -40,7 +40,7 @@ class _Active:
 
 class ContinuousBatchingService:
     def __init__(self, build_engine: Callable[[], LLMEngine], metrics: ModelMetrics, max_waiting: int,
-                 cancel_check_interval: float = 0.1, stream_interval: int = 1) -> None:
+                 cancel_check_interval: float, stream_interval: int, model_name: str) -> None:
         """Builds the engine on the engine thread and returns when it is built (or raises).
 
         A streamed request gets its first text as soon as it exists, then a response once
@@ -51,6 +51,7 @@ class ContinuousBatchingService:
         # `cancel_check_interval` seconds from its own thread (streamed ones also stop at once when a
         # send fails).
         self._metrics = metrics
+        self._name = model_name  # in errors: a copy of the model under another name says its own
         self._max_waiting = max_waiting
         self._stream_interval = stream_interval
         self._ids = itertools.count()
@@ -81,10 +82,10 @@ class ContinuousBatchingService:
             return
         with self._lock:
             if self._closed:
-                error = Unavailable("continuous_batching is unloading; retry later")
+                error = Unavailable(f"{self._name} is unloading; retry later")
             elif len(self._inbox) + self._engine_waiting >= self._max_waiting:
                 error = Unavailable(
-                    f"continuous_batching is overloaded: {self._max_waiting} requests already waiting")
+                    f"{self._name} is overloaded: {self._max_waiting} requests already waiting")
             else:
                 error = None
                 buffer = StreamBuffer(request.stream, self._stream_interval)
@@ -107,7 +108,7 @@ class ContinuousBatchingService:
             self._inbox = []
         pending += list(self._active.items())
         self._active.clear()
-        error = Unavailable("continuous_batching was unloaded before the request finished")
+        error = Unavailable(f"{self._name} was unloaded before the request finished")
         for _, active in pending:
             triton_io.send_final_quietly(active.sender, triton_io.error_response(error))
 

@@ -205,6 +205,31 @@ def test_cli_prints_a_refused_streams_message_and_a_timeout_in_one_line(server, 
     assert code == 1 and err.strip() == "error: no answer within --timeout 0.2 s", err
 
 
+@pytest.mark.parametrize("extra, said", [
+    (["--rate", "0"], "rate must be > 0"),
+    (["--concurrency", "0"], "concurrency must be >= 1"),
+    (["--num-requests", "0"], "num_requests"),
+    (["--concurrency", "4"], "never fills one"),
+    (["--num-requests", "12"], "the last 4 of 12 requests would wait for ever"),
+])
+def test_benchmark_refuses_a_run_that_cannot_work_in_one_line(server, tmp_path, extra, said):
+    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "static_batching", "--http", server.http_url,
+                           "--grpc", server.grpc_url, "--metrics", server.metrics_url, "--out", str(tmp_path),
+                           *extra], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
+
+
+def test_benchmark_warns_when_the_metrics_address_gives_nothing(server, tmp_path):
+    nowhere = f"http://127.0.0.1:{free_port()}/metrics"
+    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "dynamic_batching", "--concurrency", "2",
+                           "--num-requests", "2", "--http", server.http_url, "--grpc", server.grpc_url,
+                           "--metrics", nowhere, "--out", str(tmp_path)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"warning: no metrics at {nowhere}" in proc.stderr and "no saturated throughput" in proc.stderr
+
+
 def test_benchmark_without_a_server_says_so_in_one_line(tmp_path):
     url = f"127.0.0.1:{free_port()}"
     proc = subprocess.run([sys.executable, "scripts/benchmark.py", "dynamic_batching", "--concurrency", "2",

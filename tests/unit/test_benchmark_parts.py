@@ -189,3 +189,16 @@ def test_http_error_message_reads_a_json_body_and_a_refused_streams_event():
     assert http_error_message(b'data: {"error":"max_tokens: too many"}\n\n') == "max_tokens: too many"
     assert http_error_message(b"<html>bad gateway</html>") == "<html>bad gateway</html>"
     assert http_error_message(None) == ""
+
+
+def test_unfillable_batches_names_what_would_wait_for_ever():
+    from client.arrivals import ArrivalSpec
+    from client.benchmark import unfillable_batches
+
+    static = {"name": "static_batching", "parameters": {"batch_size": {"string_value": "8"}}}
+    assert unfillable_batches(static, 64, ArrivalSpec.closed_loop(8)) is None
+    assert unfillable_batches(static, 64, ArrivalSpec.open_loop(2.0)) is None
+    assert "closed loop at 4 in flight never fills one" in unfillable_batches(static, 64, ArrivalSpec.closed_loop(4))
+    assert "the last 3 of 11 requests" in unfillable_batches(static, 11, ArrivalSpec.open_loop(2.0))
+    dynamic = {"name": "dynamic_batching", "max_batch_size": 8, "parameters": {}}
+    assert unfillable_batches(dynamic, 11, ArrivalSpec.closed_loop(1)) is None

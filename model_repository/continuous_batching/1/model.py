@@ -12,7 +12,7 @@ class TritonPythonModel:
         self.service = ContinuousBatchingService(lambda: LLMEngine(model_dir, config.engine),
                                                  ModelMetrics(name), config.max_waiting,
                                                  config.cancellation_check_period_ms / 1000,
-                                                 config.stream_interval)
+                                                 config.stream_interval, name)
 
     def execute(self, requests):
         for request in requests:
