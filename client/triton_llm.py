@@ -210,7 +210,7 @@ class LLMClient:
         body = http_infer_body(self._fields(model, prompt, max_tokens, **options), self.model_config(model))
         r = self._http.post(f"http://{self.http_url}/v2/models/{model}/infer", json=body, timeout=self.timeout)
         _raise_for_http(r)
-        chunk = _chunk_from_infer_json(r.json())
+        chunk = chunk_from_infer_json(r.json())
         elapsed = time.perf_counter() - start
         return Result(chunk.text, chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens,
                       ttft=elapsed, latency=elapsed, chunk_times=[elapsed])
@@ -386,7 +386,7 @@ def _chunk_from_json(body: dict) -> Chunk:
                  num_input_tokens=_int_or_none(num_in), num_output_tokens=_int_or_none(num_out))
 
 
-def _chunk_from_infer_json(body: dict) -> Chunk:
+def chunk_from_infer_json(body: dict) -> Chunk:
     """A Chunk from an /infer answer: its `outputs` list, flattened to the fields /generate returns."""
     return _chunk_from_json({o["name"]: o.get("data") for o in body.get("outputs", [])})
 

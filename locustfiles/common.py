@@ -13,6 +13,9 @@ variable, so a run can be configured without a command line:
     --output-cap       BATCHLM_OUTPUT_CAP       most output tokens, default 512
     --request-timeout  BATCHLM_REQUEST_TIMEOUT  seconds; far above any wait, so the server decides failures
     --failure-wait     BATCHLM_FAILURE_WAIT     seconds a user backs off after a failed request (1)
+    --http-endpoint    BATCHLM_HTTP_ENDPOINT    http_user.py only: generate (default; generate_stream when
+                                                streamed) | infer (KServe v2 /infer: one answer, models that
+                                                are not decoupled, Triton's status kept: 503 on overload)
 
 Each request is reported as Locust request events of request_type `TTFT` (time to the first response
 that carries output) and `E2E` (end to end), named `<protocol> <model>`, with the number of output tokens
@@ -41,6 +44,7 @@ from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noq
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching", "continuous_batching_trtllm")
 STREAMING_MODELS = ("continuous_batching", "continuous_batching_trtllm")  # the models that send text as it is made
+HTTP_ENDPOINTS = ("generate", "infer")
 
 
 @events.init_command_line_parser.add_listener
@@ -63,6 +67,9 @@ def _add_arguments(parser) -> None:
                         help="client-side limit per request, seconds [env BATCHLM_REQUEST_TIMEOUT]")
     parser.add_argument("--failure-wait", type=float, default=float(env("BATCHLM_FAILURE_WAIT", "1")),
                         help="seconds a user waits after a failed request [env BATCHLM_FAILURE_WAIT]")
+    parser.add_argument("--http-endpoint", choices=HTTP_ENDPOINTS, default=env("BATCHLM_HTTP_ENDPOINT", "generate"),
+                        help="http_user.py: /generate (or /generate_stream), or KServe v2 /infer, which keeps "
+                             "Triton's status (503 on overload) but cannot stream [env BATCHLM_HTTP_ENDPOINT]")
 
 
 @dataclass(frozen=True)
@@ -74,14 +81,20 @@ class LoadOptions:
     spec: WorkloadSpec
     request_timeout: float
     failure_wait: float  # NOTE: a rejected user retrying at once would spin, not measure
+    http_endpoint: str = "generate"
 
     @classmethod
     def from_environment(cls, environment) -> "LoadOptions":
+        """The options as parsed; ValueError for a combination no request could serve."""
         o = environment.parsed_options
         stream = o.model in STREAMING_MODELS if o.stream == "auto" else o.stream == "on"
+        if o.http_endpoint == "infer" and stream:
+            raise ValueError(f"--http-endpoint infer answers once and cannot stream {o.model} (--stream "
+                             f"{o.stream}); use --stream off with a model that is not decoupled, or "
+                             f"--http-endpoint generate")
         spec = WorkloadSpec(seed=o.workload_seed, num_requests=o.workload_requests,
                             output_mean=o.output_mean, output_cap=o.output_cap)
-        return cls(o.model, stream, spec, o.request_timeout, o.failure_wait)
+        return cls(o.model, stream, spec, o.request_timeout, o.failure_wait, o.http_endpoint)
 
     def body(self, request: WorkloadRequest) -> dict:
         """The request's schema fields: its prompt and length, EOS ignored so it makes exactly that many."""
@@ -90,8 +103,13 @@ class LoadOptions:
 
 @events.init.add_listener
 def _check_options(environment, **_kwargs) -> None:
-    """Every user file imports this module, so a bad option fails the run at start, not per request."""
-    LoadOptions.from_environment(environment)
+    """Every user file imports this module, so a bad option fails the run at start, not per request:
+    one line and exit status 2, as for an option Locust's own parser refuses."""
+    try:
+        LoadOptions.from_environment(environment)
+    except ValueError as e:
+        print(f"locust: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 class RequestFeed:

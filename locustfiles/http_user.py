@@ -1,12 +1,16 @@
-"""Locust user on Triton's HTTP generate endpoints, for every model.
+"""Locust user on Triton's HTTP endpoints, for every model.
 
     locust -f locustfiles/http_user.py --host http://127.0.0.1:8000 --model dynamic_batching
+    locust -f locustfiles/http_user.py --host http://127.0.0.1:8000 --model static_batching --http-endpoint infer
 
 Each user keeps one request in flight (closed loop), drawn in order from the benchmark's seeded workload.
 With streaming on (default for continuous_batching) it posts to `/v2/models/<m>/generate_stream` and
 reads the server-sent events as they arrive, so TTFT is the first event carrying output; otherwise it
-posts to `/generate` and TTFT equals E2E (the whole answer is the first response). Options and events:
-see common.py.
+posts to `/generate` and TTFT equals E2E (the whole answer is the first response). With
+`--http-endpoint infer` it posts KServe v2 tensors to `/infer` instead (models that are not decoupled),
+whose status is Triton's error code: 503 when a model refuses for overload, where tritonserver 2.51's
+`/generate` answers 400. Events are named `http <model>`, or `infer <model>` on /infer. Options and
+events: see common.py.
 """
 
 from __future__ import annotations
@@ -14,15 +18,20 @@ from __future__ import annotations
 import json
 import time
 
+import requests
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 
 import common
-from client.triton_llm import http_error_message  # noqa: E402 - common puts the repository on sys.path
+from client.triton_llm import (  # noqa: E402 - common puts the repository on sys.path
+    chunk_from_infer_json,
+    http_error_message,
+    http_infer_body,
+)
 
 
 class TritonHttpUser(FastHttpUser):
-    """One closed-loop client of `/generate` or `/generate_stream`."""
+    """One closed-loop client of `/generate`, `/generate_stream` or `/infer`."""
 
     host = "http://127.0.0.1:8000"
     wait_time = constant(0)
@@ -34,17 +43,39 @@ class TritonHttpUser(FastHttpUser):
         self.network_timeout = self.connection_timeout = self.options.request_timeout
         super().__init__(environment)
         self.feed = common.feed_for(self.options.spec)
+        self.config: dict | None = None  # the model's config, read on start for /infer (batched, datatypes)
+
+    def on_start(self) -> None:
+        if self.options.http_endpoint != "infer":
+            return
+        model = self.options.model
+        # NOTE: not through self.client, whose every call is a Locust request event in the stats.
+        response = requests.get(f"{self.host.rstrip('/')}/v2/models/{model}/config",
+                                timeout=self.options.request_timeout)
+        if response.status_code != 200:
+            raise RuntimeError(f"cannot read {model}'s config: [{response.status_code}] "
+                               f"{http_error_message(response.content)}")
+        config = response.json()
+        if config.get("model_transaction_policy", {}).get("decoupled"):
+            raise RuntimeError(f"{model} is decoupled, and HTTP /infer cannot serve a decoupled model; "
+                               f"use --http-endpoint generate")
+        config["max_batch_size"] = int(config.get("max_batch_size", 0))  # batched: inputs get a batch dimension
+        self.config = config
 
     @task
     def generate(self) -> None:
         model = self.options.model
-        endpoint = "generate_stream" if self.options.stream else "generate"
-        timer = common.RequestTimer(self.environment, f"http {model}")
+        body = self.options.body(self.feed.next())
+        if self.options.http_endpoint == "infer":
+            endpoint, protocol, body = "infer", "infer", http_infer_body(body, self.config)
+        else:
+            endpoint, protocol = ("generate_stream" if self.options.stream else "generate"), "http"
+        timer = common.RequestTimer(self.environment, f"{protocol} {model}")
         # NOTE: identity encoding: a compressed event stream could not be read event by event.
-        with self.client.post(f"/v2/models/{model}/{endpoint}", json=self.options.body(self.feed.next()),
+        with self.client.post(f"/v2/models/{model}/{endpoint}", json=body,
                               name=timer.name, catch_response=True, stream=True,
                               headers={"Accept-Encoding": "identity"}) as response:
-            tokens, error = _read(response, timer, self.options.stream)
+            tokens, error = _read(response, timer, self.options.stream, infer=protocol == "infer")
             response.request_meta.update(request_type="E2E", response_time=timer.elapsed_ms(),
                                          response_length=tokens)
             if error is None:
@@ -55,12 +86,16 @@ class TritonHttpUser(FastHttpUser):
             time.sleep(self.options.failure_wait)  # gevent's sleep: locust has patched time
 
 
-def _read(response, timer: common.RequestTimer, stream: bool) -> tuple[int, Exception | None]:
+def _read(response, timer: common.RequestTimer, stream: bool, infer: bool = False) -> tuple[int, Exception | None]:
     """Output tokens and the failure (None on success) of one answer, reporting TTFT on the way."""
     if response.status_code == 0:  # no HTTP answer at all: connection refused or reset
         return 0, common.ServerError(f"[connection] {response.error}")
     if response.status_code != 200:
         return 0, common.failure(str(response.status_code), http_error_message(response.content))
+    if infer:
+        tokens = chunk_from_infer_json(json.loads(response.content)).num_output_tokens
+        timer.first_output(tokens)
+        return tokens, None
     if not stream:
         body = json.loads(response.content)
         tokens = _scalar(body["num_output_tokens"])

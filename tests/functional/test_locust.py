@@ -64,22 +64,30 @@ def _event_rows(prefix: Path) -> dict[str, dict]:
     return {f"{r['Type']} {r['Name']}": r for r in _rows(Path(f"{prefix}_stats.csv")) if r["Type"]}
 
 
-@pytest.mark.parametrize("locustfile, model, users", [
-    (GRPC_USER, "continuous_batching", 4),
-    (GRPC_USER, "static_batching", 8),  # a full batch; gRPC cancels what is parked when the run stops
-    (GRPC_USER, "dynamic_batching", 4),
-    (HTTP_USER, "continuous_batching", 4),  # /generate_stream
-    (HTTP_USER, "dynamic_batching", 4),  # /generate
+def _protocol(locustfile: str, extra: tuple[str, ...] = ()) -> str:
+    """The first word of the users' event names."""
+    if locustfile.startswith(GRPC_USER):
+        return "grpc"
+    return "infer" if "infer" in extra else "http"
+
+
+@pytest.mark.parametrize("locustfile, model, users, extra", [
+    (GRPC_USER, "continuous_batching", 4, ()),
+    (GRPC_USER, "static_batching", 8, ()),  # a full batch; gRPC cancels what is parked when the run stops
+    (GRPC_USER, "dynamic_batching", 4, ()),
+    (HTTP_USER, "continuous_batching", 4, ()),  # /generate_stream
+    (HTTP_USER, "dynamic_batching", 4, ()),  # /generate
+    (HTTP_USER, "dynamic_batching", 4, ("--http-endpoint", "infer")),  # /infer, inputs with a batch dimension
 ])
-def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, users):
+def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, users, extra):
     prefix = tmp_path / "run"
     rc = _run(["-f", locustfile, "--headless", "--host", _host(server, locustfile), "--model", model,
-               "-u", str(users), "-r", str(users), "-t", "8s", "--csv", str(prefix), *SHORT_OUTPUTS],
+               "-u", str(users), "-r", str(users), "-t", "8s", "--csv", str(prefix), *SHORT_OUTPUTS, *extra],
               tmp_path / "locust.log", timeout=90)
     log = (tmp_path / "locust.log").read_text()
     assert rc == 0, log[-3000:]
     assert _rows(Path(f"{prefix}_failures.csv")) == []
-    protocol = "grpc" if locustfile == GRPC_USER else "http"
+    protocol = _protocol(locustfile, extra)
     rows = _event_rows(prefix)
     assert set(rows) == {f"TTFT {protocol} {model}", f"E2E {protocol} {model}"}, rows
     for row in rows.values():
@@ -98,6 +106,22 @@ def test_grpc_user_exits_when_the_server_is_unreachable(tmp_path):
               tmp_path / "locust.log", timeout=30)
     log = (tmp_path / "locust.log").read_text()
     assert rc == 1 and "UNAVAILABLE" in log, log[-3000:]
+
+
+@pytest.mark.parametrize("args, status, message", [
+    # refused at start, before any user runs: /infer answers once, and continuous_batching streams by default
+    (("--model", "continuous_batching"), 2,
+     "locust: error: --http-endpoint infer answers once and cannot stream continuous_batching"),
+    # not streamed, but decoupled: each user refuses to start, naming the model
+    (("--model", "continuous_batching", "--stream", "off"), 1,
+     "continuous_batching is decoupled, and HTTP /infer cannot serve a decoupled model"),
+])
+def test_http_user_refuses_infer_for_a_decoupled_model(server, tmp_path, args, status, message):
+    rc = _run(["-f", HTTP_USER, "--headless", "--host", f"http://{server.http_url}", *args,
+               "--http-endpoint", "infer", "-u", "1", "-r", "1", "-t", "3s", *SHORT_OUTPUTS],
+              tmp_path / "locust.log", timeout=60)
+    log = (tmp_path / "locust.log").read_text()
+    assert rc == status and message in log, log[-3000:]
 
 
 def overload_repository(path: Path) -> Path:
@@ -124,19 +148,23 @@ def small_server(tmp_path_factory):
     srv.stop()
 
 
-@pytest.mark.parametrize("locustfile, model, message", [
-    (GRPC_USER, "static_batching", "[stream] static_batching is overloaded: 8 requests already waiting"),
-    (HTTP_USER, "dynamic_batching", "[503] [request id: <id_unknown>] Exceeds maximum queue size"),
-    (HTTP_USER, "continuous_batching", "[400] continuous_batching is overloaded: 4 requests already waiting"),
+@pytest.mark.parametrize("locustfile, model, message, extra", [
+    (GRPC_USER, "static_batching", "[stream] static_batching is overloaded: 8 requests already waiting", ()),
+    (HTTP_USER, "dynamic_batching", "[503] [request id: <id_unknown>] Exceeds maximum queue size", ()),
+    (HTTP_USER, "continuous_batching", "[400] continuous_batching is overloaded: 4 requests already waiting", ()),
+    # /infer keeps the model's UNAVAILABLE as 503, where /generate reads 400
+    (HTTP_USER, "static_batching", "[503] static_batching is overloaded: 8 requests already waiting",
+     ("--http-endpoint", "infer")),
 ])
-def test_step_load_past_capacity_fails_with_tritons_message(small_server, tmp_path, locustfile, model, message):
+def test_step_load_past_capacity_fails_with_tritons_message(small_server, tmp_path, locustfile, model, message,
+                                                            extra):
     """Steps to 32 users, twice what static batching admits (8 running, 8 waiting), so some must be
     refused however the timing falls. A last step of 24 (1.5x) saw no refusal in one CI run: refused
     users back off for a second and, with requests in transit on the client side, often found room."""
     prefix = tmp_path / "run"
     rc = _run(["-f", f"{locustfile},{STEP_LOAD}", "--headless", "--host", _host(small_server, locustfile),
                "--model", model, "--step-users", "8", "--step-time", "3", "--steps", "4",
-               "--csv", str(prefix), *SHORT_OUTPUTS],
+               "--csv", str(prefix), *SHORT_OUTPUTS, *extra],
               tmp_path / "locust.log", timeout=90)
     log = (tmp_path / "locust.log").read_text()
     assert rc == 1, log[-3000:]  # Locust's exit code when requests failed
@@ -144,7 +172,7 @@ def test_step_load_past_capacity_fails_with_tritons_message(small_server, tmp_pa
     assert failures, log[-3000:]
     for row in failures:  # every failure is a rejection carrying Triton's message: no timeouts, no others
         assert row["Method"] == "E2E" and row["Error"] == f"Overloaded({message!r})", row
-    e2e = _event_rows(prefix)[f"E2E {'grpc' if locustfile == GRPC_USER else 'http'} {model}"]
+    e2e = _event_rows(prefix)[f"E2E {_protocol(locustfile, extra)} {model}"]
     assert int(e2e["Request Count"]) > int(e2e["Failure Count"]) > 0  # served up to capacity, then refused
 
 
