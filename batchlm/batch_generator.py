@@ -13,7 +13,7 @@ from typing import Sequence as Seq
 
 import torch
 
-from batchlm.engine import LLMEngine, OnStep, Prompt, load_parts
+from batchlm.engine import CancelledRows, LLMEngine, OnStep, Prompt, load_parts
 from batchlm.engine_config import EngineConfig
 from batchlm.errors import InvalidArgument
 from batchlm.request_output import RequestOutput
@@ -50,12 +50,14 @@ class BatchGenerator:
         return allocator.num_used, allocator.num_total
 
     def generate(self, rows: Seq[tuple[Prompt, SamplingParams]],
-                 on_step: OnStep | None = None) -> list[RequestOutput]:
+                 on_step: OnStep | None = None,
+                 cancelled_rows: CancelledRows | None = None) -> list[RequestOutput]:
         """One output per row (whole text, all ids), in row order, all returned together.
 
         Raises InvalidArgument if a row is bad, if there are more rows than `max_num_seqs`, or if
         the rows' `prompt + max_tokens` do not all fit in the KV cache at once. `on_step(num_seqs,
-        new_tokens)` is called after every step.
+        new_tokens)` is called after every step. Rows that `cancelled_rows()` names after a step leave
+        the batch (finish reason CANCELLED; see `LLMEngine.generate`); the rest run on unchanged.
         """
         if not rows:
             return []
@@ -70,4 +72,4 @@ class BatchGenerator:
             raise InvalidArgument(
                 "batch", f"prompt + max_tokens of all rows need {need} KV blocks, "
                 f"the cache has {self.config.num_kv_blocks}")
-        return self._engine.generate(ids, params, on_step)
+        return self._engine.generate(ids, params, on_step, cancelled_rows)

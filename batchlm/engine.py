@@ -33,6 +33,7 @@ from batchlm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 Prompt = str | list[int]
 OnStep = Callable[[int, int], None]   # (sequences in the forward pass, tokens sampled) after a step
+CancelledRows = Callable[[], Seq[int]]  # rows of generate()'s prompts to abort, asked after a step
 
 
 class LLMEngine:
@@ -142,9 +143,13 @@ class LLMEngine:
 
     def generate(self, prompts: Seq[Prompt],
                  params: SamplingParams | Seq[SamplingParams] = SamplingParams(),
-                 on_step: OnStep | None = None) -> list[RequestOutput]:
+                 on_step: OnStep | None = None,
+                 cancelled_rows: CancelledRows | None = None) -> list[RequestOutput]:
         """Offline convenience: run these prompts to completion on an idle engine; one output each
-        (whole text, all ids), in input order. `on_step` is called after every step (metrics)."""
+        (whole text, all ids), in input order. `on_step` is called after every step (metrics).
+        `cancelled_rows()`, called after every step, names rows (indices into `prompts`) to abort: each
+        such row leaves at once, its KV freed, and its output ends with what it had, finish reason
+        CANCELLED; once every row has finished or left, generate returns."""
         if self.has_unfinished():
             raise RuntimeError("generate() needs an idle engine; drive step() yourself instead")
         per_row = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
@@ -161,6 +166,9 @@ class LLMEngine:
                     parts[out.request_id].append(out)
                 if on_step is not None:
                     on_step(len(self._last.scheduled), self._total_generated - generated)
+                if cancelled_rows is not None:
+                    for row in cancelled_rows():
+                        self.abort_request(ids[row])
         except BaseException:
             # NOTE: leave the engine idle (and usable) whatever failed: a bad row or a model error.
             for request_id in ids:

@@ -3,22 +3,28 @@
 Triton's dynamic batcher decides which requests form a batch (full, or the oldest waited
 `max_queue_delay_microseconds`); `execute()` runs that batch to completion, so each request in it is
 answered when the longest one finishes. Invalid requests are answered with an error in place and do not
-disturb the others.
+disturb the others. A request whose client cancelled is asked every `cancel_check_period` seconds
+(`batchlm.serving.cancel_poll`); it leaves the batch and is answered CANCELLED, so a batch whose
+clients all went away does not hold up the next one.
 """
 
 from __future__ import annotations
 
 from batchlm.batch_generator import BatchGenerator
 from batchlm.errors import InvalidArgument
+from batchlm.sequence import FinishReason
 from batchlm.serving import triton_io
+from batchlm.serving.cancel_poll import CancelPoll
 from batchlm.serving.metrics import ModelMetrics
 
 
 class DynamicBatchingService:
-    def __init__(self, generator: BatchGenerator, metrics: ModelMetrics, model_name: str) -> None:
+    def __init__(self, generator: BatchGenerator, metrics: ModelMetrics, model_name: str,
+                 cancel_check_period: float = 0.1) -> None:
         self._generator = generator
         self._metrics = metrics
         self._name = model_name
+        self._cancel_check_period = cancel_check_period
 
     def execute(self, raw_requests: list) -> list:
         """One response per request, in order."""
@@ -30,25 +36,28 @@ class DynamicBatchingService:
             except InvalidArgument as exc:
                 responses[i] = triton_io.error_response(exc)
                 continue
-            batch.append((i, request))
+            batch.append((i, request, raw))
         if batch:
             self._run(batch, responses)
         return responses
 
     def _run(self, batch: list, responses: list) -> None:
         self._metrics.record_queue(0, len(batch), *self._generator.kv_usage())
+        poll = CancelPoll([raw.is_cancelled for _, _, raw in batch], self._cancel_check_period)
         try:
-            outputs = self._generator.generate([(r.prompt, r.params) for _, r in batch], on_step=self._on_step)
+            outputs = self._generator.generate([(r.prompt, r.params) for _, r, _ in batch],
+                                               on_step=self._on_step, cancelled_rows=poll.poll)
         except Exception as exc:  # noqa: BLE001 - answer every request of the batch, keep serving
             triton_io.log_error(f"{self._name}: batch failed: {exc!r}")
-            for i, _ in batch:
+            for i, _, _ in batch:
                 responses[i] = triton_io.error_response(exc)
             return
         finally:
             self._metrics.record_queue(0, 0, *self._generator.kv_usage())
             self._metrics.record_idle()  # NOTE: after the gauges' update, which this flush pushes
-        for (i, _), out in zip(batch, outputs):
-            responses[i] = triton_io.output_response(out, out.text, batched=True)
+        for (i, _, _), out in zip(batch, outputs):
+            responses[i] = (triton_io.cancelled_response(self._name) if out.finish_reason is FinishReason.CANCELLED
+                            else triton_io.output_response(out, out.text, batched=True))
 
     def _on_step(self, num_sequences: int, new_tokens: int) -> None:
         self._metrics.record_step(num_sequences, new_tokens)

@@ -16,9 +16,9 @@ class ServingConfig:
     batch_size: int  # static batching only: requests per batch
     max_waiting: int  # requests held before new ones are refused with UNAVAILABLE
     engine: EngineConfig  # everything else in `parameters`
-    # continuous batching: how often every request is asked whether it was cancelled (a round trip to the
-    # server per request, made by a CancellationWatcher thread); the TensorRT-LLM backend's parameter and
-    # default
+    # how often every running request is asked whether it was cancelled (a round trip to the server per
+    # request: from a CancellationWatcher thread in continuous batching, from the stepping thread between
+    # steps in static and dynamic batching); the TensorRT-LLM backend's parameter and default
     cancellation_check_period_ms: int = 100
     # continuous batching, streamed requests: send text once this many new tokens are buffered (the
     # first text and the final response always go at once); 1 = a response per token

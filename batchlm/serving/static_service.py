@@ -14,6 +14,11 @@ UNAVAILABLE, which lets the unload proceed. A reload leaves the model ready (its
 watchdog also asks `is_superseded` (`batchlm.serving.instance_claim`), and fails parked requests the
 same way once a successor instance holds this one's name. `close()` (from finalize) lets a running
 batch finish.
+
+Cancellation: a parked request whose client cancelled is answered CANCELLED by the watchdog; a row of
+a running batch is asked every `cancel_check_period` seconds (`batchlm.serving.cancel_poll`) and, once
+cancelled, leaves the batch and is answered CANCELLED when the batch ends. A batch whose clients all
+went away ends within a period and a step.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from collections.abc import Callable
 from batchlm.batch_generator import BatchGenerator
 from batchlm.errors import InvalidArgument, Unavailable
 from batchlm.owner_thread import OwnerThread
+from batchlm.sequence import FinishReason
 from batchlm.serving import triton_io
+from batchlm.serving.cancel_poll import CancelPoll
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.request_schema import GenerateRequest
 
@@ -36,9 +43,11 @@ _STOP = object()
 class StaticBatchingService:
     def __init__(self, build_generator: Callable[[], BatchGenerator], metrics: ModelMetrics, batch_size: int,
                  max_waiting: int, model_name: str, is_ready: Callable[[], bool] | None = None,
-                 watch_interval: float = 0.5, is_superseded: Callable[[], bool] = lambda: False) -> None:
+                 watch_interval: float = 0.5, is_superseded: Callable[[], bool] = lambda: False,
+                 cancel_check_period: float = 0.1) -> None:
         """Builds the generator on the worker thread and returns when it is built (or raises)."""
         self._metrics = metrics
+        self._cancel_check_period = cancel_check_period
         self._batch_size = batch_size
         self._max_waiting = max_waiting
         self._name = model_name
@@ -162,9 +171,10 @@ class StaticBatchingService:
     def _run_batch(self, batch: list[tuple[GenerateRequest, object]]) -> None:
         self._running = len(batch)
         start = time.monotonic()
+        poll = CancelPoll([sender.is_cancelled for _, sender in batch], self._cancel_check_period)
         try:
             outputs = self._generator.generate(
-                [(r.prompt, r.params) for r, _ in batch], on_step=self._on_step)
+                [(r.prompt, r.params) for r, _ in batch], on_step=self._on_step, cancelled_rows=poll.poll)
         except Exception as exc:  # noqa: BLE001 - answer every request of the batch, keep serving
             triton_io.log_error(f"{self._name}: batch failed: {exc!r}")
             for _, sender in batch:
@@ -175,7 +185,8 @@ class StaticBatchingService:
             self._record_queue()
             self._metrics.record_idle()  # NOTE: after the gauges' update, which this flush pushes
         for (_, sender), out in zip(batch, outputs):
-            response = (triton_io.cancelled_response(self._name) if sender.is_cancelled()
+            response = (triton_io.cancelled_response(self._name)
+                        if out.finish_reason is FinishReason.CANCELLED or sender.is_cancelled()
                         else triton_io.output_response(out, out.text, False))
             triton_io.send_final_quietly(sender, response)
         triton_io.log_verbose(f"{self._name}: batch of {len(batch)} in {time.monotonic() - start:.2f}s")

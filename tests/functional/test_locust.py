@@ -90,12 +90,28 @@ def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, 
     protocol = _protocol(locustfile, extra)
     rows = _event_rows(prefix)
     assert set(rows) == {f"TTFT {protocol} {model}", f"E2E {protocol} {model}"}, rows
+    # the README's table from this run's CSV: one row per event, its request count as Locust wrote it
+    table = subprocess.run([sys.executable, "scripts/locust_table.py", f"{prefix}_stats.csv"], cwd=PROJECT_ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    for kind in ("E2E", "TTFT"):
+        assert f"| `{model}` | {protocol} | {kind} | {int(rows[f'{kind} {protocol} {model}']['Request Count'])} | 0 |" \
+            in table.stdout, table.stdout
     for row in rows.values():
         assert int(row["Request Count"]) > 0 and int(row["Failure Count"]) == 0, row
         assert float(row["Average Content Size"]) > 0  # output tokens
     if model == "continuous_batching":  # streamed: the first token comes well before the last
         assert float(rows[f"TTFT {protocol} {model}"]["Average Response Time"]) < \
             float(rows[f"E2E {protocol} {model}"]["Average Response Time"])
+
+
+def test_locust_table_refuses_a_file_that_is_not_locusts_stats(tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text("a,b\n1,2\n")
+    proc = subprocess.run([sys.executable, "scripts/locust_table.py", str(path)], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"locust_table: {path}: no TTFT or E2E rows; expected a Locust <prefix>_stats.csv of locustfiles/"), proc
 
 
 def test_grpc_user_exits_when_the_server_is_unreachable(tmp_path):

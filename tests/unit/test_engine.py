@@ -66,6 +66,36 @@ def test_batch_generator_equals_engine(parts, alone, pad):
     assert generator.kv_usage() == (0, 64)
 
 
+@pytest.mark.parametrize("pad", [True, False])
+def test_batch_generator_drops_cancelled_rows_and_runs_the_rest(parts, alone, pad):
+    generator = BatchGenerator(*parts, EngineConfig(num_kv_blocks=64, max_model_len=256,
+                                                    pad_finished_rows=pad))
+    steps = []
+    # Row 2 (20 tokens) is cancelled after the 3rd step: it leaves with its 3 tokens, the others go on.
+    outputs = generator.generate([(p, greedy(n)) for p, n in zip(PROMPTS, MAX_TOKENS)],
+                                 on_step=lambda seqs, tokens: steps.append(seqs),
+                                 cancelled_rows=lambda: [2] if len(steps) == 3 else [])
+    assert outputs[2].finish_reason is FinishReason.CANCELLED
+    assert outputs[2].token_ids == alone[2].token_ids[:3]
+    for i in (0, 1, 3):
+        assert outputs[i].token_ids == alone[i].token_ids and outputs[i].finish_reason is FinishReason.LENGTH
+    assert len(steps) == max(MAX_TOKENS[i] for i in (0, 1, 3))  # the batch ends with its longest remaining row
+    assert generator.kv_usage() == (0, 64)
+
+
+def test_batch_generator_ends_a_batch_whose_rows_are_all_cancelled(parts):
+    generator = BatchGenerator(*parts, EngineConfig(num_kv_blocks=64, max_model_len=256))
+    steps = []
+    outputs = generator.generate([(p, greedy(200)) for p in PROMPTS],
+                                 on_step=lambda seqs, tokens: steps.append(seqs),
+                                 cancelled_rows=lambda: range(len(PROMPTS)) if len(steps) == 2 else [])
+    assert [o.finish_reason for o in outputs] == [FinishReason.CANCELLED] * len(PROMPTS)
+    assert [o.num_output_tokens for o in outputs] == [2] * len(PROMPTS)
+    assert len(steps) <= 3  # not 200
+    assert generator.kv_usage() == (0, 64)
+    assert [o.num_output_tokens for o in generator.generate([("Hello", greedy(4))])] == [4]  # still usable
+
+
 def test_check_fits_names_the_field(parts):
     generator = BatchGenerator(*parts, EngineConfig(num_kv_blocks=64, max_model_len=256))
     generator.check_fits("Hello", greedy(200))

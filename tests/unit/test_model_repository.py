@@ -58,6 +58,7 @@ def test_strategies_differ_only_in_batching():
     engines = [ServingConfig.from_parameters(params(c)) for c in (static, dynamic, continuous)]
     assert len({(e.engine.num_kv_blocks, e.engine.block_size, e.engine.max_model_len) for e in engines}) == 1
     assert engines[0].batch_size == dynamic.max_batch_size == engines[2].engine.max_num_seqs
+    assert len({e.cancellation_check_period_ms for e in engines}) == 1
 
 
 def test_unknown_parameter_is_named():

@@ -14,7 +14,8 @@ class TritonPythonModel:
         self.service = StaticBatchingService(lambda: BatchGenerator.from_dir(model_dir, config.engine),
                                              ModelMetrics(name), config.batch_size,
                                              config.max_waiting, name, triton_io.readiness_probe(name),
-                                             is_superseded=self.claim.superseded)
+                                             is_superseded=self.claim.superseded,
+                                             cancel_check_period=config.cancellation_check_period_ms / 1000)
         self.claim.claim()  # NOTE: last: a successor that fails to load must not supersede this instance
 
     def execute(self, requests):
