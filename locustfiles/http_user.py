@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import time
 
-import requests
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 
 import common
 from client.triton_llm import (  # noqa: E402 - common puts the repository on sys.path
+    LLMClient,
+    RequestFailed,
     chunk_from_infer_json,
     http_error_message,
     http_infer_body,
@@ -50,16 +51,16 @@ class TritonHttpUser(FastHttpUser):
             return
         model = self.options.model
         # NOTE: not through self.client, whose every call is a Locust request event in the stats.
-        response = requests.get(f"{self.host.rstrip('/')}/v2/models/{model}/config",
-                                timeout=self.options.request_timeout)
-        if response.status_code != 200:
-            raise RuntimeError(f"cannot read {model}'s config: [{response.status_code}] "
-                               f"{http_error_message(response.content)}")
-        config = response.json()
-        if config.get("model_transaction_policy", {}).get("decoupled"):
+        triton = LLMClient(http_url=self.host.split("://", 1)[-1].rstrip("/"))
+        try:
+            config, decoupled = triton.model_config(model), triton.is_decoupled(model)
+        except RequestFailed as e:
+            raise RuntimeError(f"cannot read {model}'s config: {e}") from None
+        finally:
+            triton.close()
+        if decoupled:
             raise RuntimeError(f"{model} is decoupled, and HTTP /infer cannot serve a decoupled model; "
                                f"use --http-endpoint generate")
-        config["max_batch_size"] = int(config.get("max_batch_size", 0))  # batched: inputs get a batch dimension
         self.config = config
 
     @task

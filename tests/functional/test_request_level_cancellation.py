@@ -38,8 +38,9 @@ def _settled(server, model, quiet: float = 1.0, limit: float = 60.0) -> float:
 def test_a_batch_whose_clients_cancelled_stops_generating(server, model):
     before = _settled(server, model, quiet=0.3)
     clients = []
-    config = LLMClient(server.http_url, server.grpc_url).model_config(model)
-    config["max_batch_size"] = int(config.get("max_batch_size", 0))
+    metadata = LLMClient(server.http_url, server.grpc_url)
+    config = metadata.model_config(model)  # batched or not: dynamic batching's inputs get a batch dimension
+    metadata.close()
     for i in range(ROWS):  # one stream each, as Locust's gRPC users send them
         c = grpcclient.InferenceServerClient(server.grpc_url)
         c.start_stream(callback=lambda result, error: None)
