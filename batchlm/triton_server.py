@@ -27,6 +27,9 @@ from batchlm.serving.instance_claim import clear_claims
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 _CRASH = re.compile(r"corrupt|double free|malloc|free\(\)|Segmentation|Aborted")
+# NOTE: tritonserver 2.51's words for a model it would not load: a config it refused while reading the
+# repository ("Poll failed for model directory 'm': ...") or a load that failed ("failed to load 'm' version 1: ...")
+_LOAD_FAILURE = re.compile(r"\] \"(Poll failed for model directory '[^']*': .*|failed to load '[^']*' version .*)\"$")
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class TritonServer:
     # remove the ones a killed stub leaves in /dev/shm.
     shm_prefix: str = field(default_factory=lambda: f"batchlm_{uuid.uuid4().hex[:12]}_", init=False)
     _log_file: object = field(default=None, init=False, repr=False)
+    _log_start: int = field(default=0, init=False, repr=False)  # where this start's lines begin in log_path
 
     @property
     def http_url(self) -> str:
@@ -128,6 +132,7 @@ class TritonServer:
         out = subprocess.DEVNULL
         if self.log_path is not None:
             self._log_file = open(self.log_path, "ab")
+            self._log_start = self._log_file.tell()
             out = self._log_file
         self.process = subprocess.Popen(
             self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,
@@ -162,6 +167,15 @@ class TritonServer:
             return ""
         tail = Path(self.log_path).read_text(errors="replace").splitlines()[-lines:]
         return "\n--- tritonserver log tail ---\n" + "\n".join(tail)
+
+    def load_failures(self) -> list[str]:
+        """Why models did not load, in tritonserver's words, from this start's part of the log."""
+        if self.log_path is None or not Path(self.log_path).exists():
+            return []
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            lines = log.read().decode(errors="replace").splitlines()
+        return [m.group(1) for m in map(_LOAD_FAILURE.search, lines) if m]
 
     def crash_lines(self) -> list[str]:
         """Lines of the server's log that show a process crashing (heap corruption, a fatal signal)."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from tritonclient.utils import InferenceServerException
 
 from client.arrivals import CLOSED, ArrivalSpec
-from client.metrics_timeline import MetricsTimeline, saturated_window
+from client.metrics_timeline import MetricsTimeline, requests_per_execution, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
 from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
 from client.workload import WorkloadRequest
@@ -95,9 +95,11 @@ class BenchmarkRun:
 
     @property
     def summary(self) -> dict:
-        """summarize()'s figures, plus `saturated`: saturated_window() of the timeline (closed loop only)."""
+        """summarize()'s figures, plus `saturated`: saturated_window() of the timeline (closed loop only),
+        and `requests_per_execution`: the mean batch Triton handed the model (None without a timeline)."""
         summary = summarize(self.records, self.duration, self.config.slo)
         summary["saturated"] = saturated_window(self.timeline) if self.config.arrival.mode == CLOSED else None
+        summary["requests_per_execution"] = requests_per_execution(self.timeline)
         return summary
 
 

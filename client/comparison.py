@@ -7,11 +7,14 @@ measured numbers and the performance targets with their measured values.
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
 from batchlm.triton_server import DEFAULT_REPOSITORY, PROJECT_ROOT
+from client.config_override import ConfigOverride, overridden_repository
 
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")
 SEED_ROWS = {
@@ -25,23 +28,16 @@ SEED_ROWS = {
 
 def write_variant(destination: Path, model: str, overrides: dict[str, str]) -> Path:
     """A one-model repository at `destination` whose config.pbtxt has these parameter values
-    (model_dir made absolute, since the variant does not live in the project root)."""
+    (model_dir made absolute, so the variant reads the same checkpoint wherever it is served from)."""
     target = destination / model
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(DEFAULT_REPOSITORY / model, target,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    config = (target / "config.pbtxt").read_text()
-    model_dir = re.search(r'key: "model_dir" value: \{ string_value: "([^"]*)"', config).group(1)
+    model_dir = text_format.Parse((DEFAULT_REPOSITORY / model / "config.pbtxt").read_text(),
+                                  model_config_pb2.ModelConfig()).parameters["model_dir"].string_value
     values = {"model_dir": str((PROJECT_ROOT / model_dir).resolve()), **overrides}
-    for key, value in values.items():
-        line = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
-        pattern = re.compile(r'parameters \{ key: "' + re.escape(key) + r'" value: \{ string_value: "[^"]*" \} \}')
-        config, found = pattern.subn(line, config)
-        if not found:
-            config += line + "\n"
-    (target / "config.pbtxt").write_text(config)
-    return destination
+    return overridden_repository(DEFAULT_REPOSITORY, model,
+                                 [ConfigOverride(f"parameters.{key}", value) for key, value in values.items()],
+                                 destination)
 
 
 def idle_fraction(doc: dict, limit: int) -> float | None:

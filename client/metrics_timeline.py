@@ -2,8 +2,9 @@
 
 Each sample holds the model's gauges (waiting, running, KV blocks) and, from the counters, the mean
 number of sequences per forward pass since the previous sample (0 when no forward ran: idle slots)
-and the output tokens generated since then. For dynamic_batching the queue is Triton's own:
-`nv_inference_pending_request_count`.
+the output tokens generated since then, and Triton's executions of the model and the requests they
+held (their ratio is the batch Triton's dynamic batcher formed). For dynamic_batching the queue is
+Triton's own: `nv_inference_pending_request_count`.
 
 `saturated_window` reads a timeline for the server's throughput while it was saturated, i.e. while
 requests were waiting for a slot: a closed-loop run ends with a drain (the last requests finish with
@@ -28,6 +29,8 @@ FAMILIES = {
     "kv_used": "batchlm_kv_blocks_used",
     "kv_total": "batchlm_kv_blocks_total",
     "triton_pending": "nv_inference_pending_request_count",
+    "triton_executions": "nv_inference_exec_count",
+    "triton_inferences": "nv_inference_count",
 }
 
 
@@ -41,6 +44,8 @@ class MetricsSample:
     kv_used: float
     kv_total: float
     generated_tokens: float = 0.0  # output tokens the model generated since the previous sample
+    executions: float = 0.0        # Triton's executions of the model (execute calls) since the previous sample
+    inferences: float = 0.0        # requests those executions held (a batch of 8 counts 8)
 
 
 def parse_metrics(text: str, model: str) -> dict[str, float]:
@@ -137,10 +142,20 @@ class MetricsTimeline:
         seqs = now.get("forward_sequences_total", 0.0) - previous.get("forward_sequences_total", 0.0)
         waiting = now.get("waiting", 0.0) + now.get("triton_pending", 0.0)
         tokens = now.get("generated_tokens", 0.0) - previous.get("generated_tokens", 0.0)
+        executions = now.get("triton_executions", 0.0) - previous.get("triton_executions", 0.0)
+        inferences = now.get("triton_inferences", 0.0) - previous.get("triton_inferences", 0.0)
         self.samples.append(MetricsSample(
             t=time.perf_counter() - self._start, seqs_per_forward=seqs / passes if passes else 0.0,
             forward_passes=passes, waiting=waiting, running=now.get("running", 0.0),
-            kv_used=now.get("kv_used", 0.0), kv_total=now.get("kv_total", 0.0), generated_tokens=tokens))
+            kv_used=now.get("kv_used", 0.0), kv_total=now.get("kv_total", 0.0), generated_tokens=tokens,
+            executions=executions, inferences=inferences))
+
+
+def requests_per_execution(samples: list[dict]) -> float | None:
+    """Mean requests Triton handed the model per execution over the timeline: the batch size its
+    dynamic batcher formed (1.0 for a model Triton does not batch), or None when nothing executed."""
+    executions = sum(s.get("executions", 0.0) for s in samples)
+    return sum(s.get("inferences", 0.0) for s in samples) / executions if executions else None
 
 
 def saturated_window(samples: list[dict]) -> dict | None:

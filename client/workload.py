@@ -27,7 +27,7 @@ class WorkloadSpec:
     prompt_tokens_max: int = 128
     output_mean: float = 128.0  # output length ~ Exponential(mean), rounded up, capped
     output_cap: int = 512
-    output_min: int = 1
+    output_min: int = 1  # output_min == output_cap: every request asks for exactly that many tokens
 
     def __post_init__(self) -> None:
         for name in ("num_requests", "prompt_tokens_min", "output_cap", "output_min"):
@@ -37,6 +37,8 @@ class WorkloadSpec:
             raise ValueError("WorkloadSpec.prompt_tokens_max must be >= prompt_tokens_min")
         if not self.output_mean > 0:
             raise ValueError("WorkloadSpec.output_mean must be > 0")
+        if self.output_min > self.output_cap:
+            raise ValueError("WorkloadSpec.output_min must be <= output_cap")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -2,9 +2,14 @@
 
     python scripts/benchmark.py continuous_batching --concurrency 32 --num-requests 64
     python scripts/benchmark.py dynamic_batching --rate 1.5 [--burstiness 0.5] --out results/one
+    python scripts/benchmark.py dynamic_batching --start-server --output-min 128 --output-cap 128
+    python scripts/benchmark.py dynamic_batching --start-server \
+        --set dynamic_batching.max_queue_delay_microseconds=200000
 
 Against a running server (--http/--grpc/--metrics), or `--start-server` to bring one up with only
-this model loaded. The workload is client.workload.WorkloadSpec's default, seeded.
+this model loaded, from the repository or, with --set, from a copy of its folder whose config.pbtxt
+has those fields changed. The workload is client.workload.WorkloadSpec, seeded; its flags default to
+the spec's defaults.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import contextlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -21,6 +27,7 @@ from batchlm.triton_server import (DEFAULT_REPOSITORY, TritonServer,  # noqa: E4
                                   exit_cleanly_on_sigterm, free_port)
 from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import BenchmarkConfig, UnmeasurableModel  # noqa: E402
+from client.config_override import ConfigOverride, overridden_config, overridden_repository  # noqa: E402
 from client.metrics_timeline import metrics_problem  # noqa: E402
 from client.report import measure, summary_row, markdown_table, write_run  # noqa: E402
 from client.request_record import SLO  # noqa: E402
@@ -52,19 +59,55 @@ def parse_args() -> argparse.Namespace:
                    help="http: /generate and /generate_stream (SSE); grpc: infer and streams; infer: HTTP "
                         "/infer, one answer, models that are not decoupled, with Triton's status codes "
                         "(default: http)")
+    p.add_argument("--set", dest="overrides", metavar="PATH=VALUE", action="append", default=[],
+                   help="with --start-server: serve the model with this config.pbtxt field changed (repeatable), "
+                        "e.g. dynamic_batching.max_queue_delay_microseconds=200000 or parameters.max_num_seqs=16")
+    workload = p.add_argument_group("workload (client.workload.WorkloadSpec; --output-min equal to --output-cap "
+                                    "gives every request exactly that many tokens)")
+    defaults = WorkloadSpec()
+    workload.add_argument("--prompt-tokens-min", type=int, default=defaults.prompt_tokens_min,
+                          help="prompt length, uniform in [min, max] tokens")
+    workload.add_argument("--prompt-tokens-max", type=int, default=defaults.prompt_tokens_max)
+    workload.add_argument("--output-mean", type=float, default=defaults.output_mean,
+                          help="output length ~ Exponential(mean), rounded up, then clipped to [min, cap]")
+    workload.add_argument("--output-cap", type=int, default=defaults.output_cap)
+    workload.add_argument("--output-min", type=int, default=defaults.output_min)
     args = p.parse_args()
+    if args.overrides and not args.start_server:
+        p.error("--set: needs --start-server (a running server's models are not this script's to change)")
+    try:
+        args.overrides = [ConfigOverride.parse(text) for text in args.overrides]
+    except ValueError as exc:
+        p.error(f"--set {exc}")
     if args.stream and args.protocol not in STREAMING_PROTOCOLS:
         p.error(f"--stream: --protocol {args.protocol} cannot stream; use one of {', '.join(STREAMING_PROTOCOLS)}")
     try:
-        args.spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests)
+        args.spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests,
+                                 prompt_tokens_min=args.prompt_tokens_min, prompt_tokens_max=args.prompt_tokens_max,
+                                 output_mean=args.output_mean, output_cap=args.output_cap,
+                                 output_min=args.output_min)
         args.arrival = ArrivalSpec.open_loop(args.rate, args.burstiness, args.seed) if args.rate is not None \
             else ArrivalSpec.closed_loop(args.concurrency)
-    except ValueError as exc:  # the specs' own checks: rate, burstiness, concurrency, num_requests
-        p.error(str(exc))
+    except ValueError as exc:  # the specs' own checks: rate, burstiness, concurrency, the workload's lengths
+        p.error(_as_flags(str(exc)))
     if args.start_server and not (args.model_repository / args.model / "config.pbtxt").is_file():
         models = sorted(d.name for d in args.model_repository.iterdir() if (d / "config.pbtxt").is_file())
         p.error(f"{args.model}: no such model in {args.model_repository}; it has {', '.join(models)}")
+    if args.overrides:
+        try:
+            overridden_config((args.model_repository / args.model / "config.pbtxt").read_text(), args.overrides)
+        except ValueError as exc:
+            p.error(f"--set {exc}")
     return args
+
+
+def _as_flags(message: str) -> str:
+    """A spec's error in the flags' words: `WorkloadSpec.output_min must be <= output_cap` reads
+    `--output-min must be <= --output-cap`."""
+    for name in WorkloadSpec.__dataclass_fields__:
+        flag = "--" + name.replace("_", "-")
+        message = message.replace(f"WorkloadSpec.{name}", flag).replace(f"= {name}", f"= {flag}")
+    return message
 
 
 def main() -> None:
@@ -72,13 +115,28 @@ def main() -> None:
     exit_cleanly_on_sigterm()
     spec, arrival = args.spec, args.arrival
     server = None
+    scratch = tempfile.TemporaryDirectory(prefix="batchlm-overrides-") if args.overrides else None
+    repository = args.model_repository
+    if scratch is not None:  # NOTE: parse_args checked the overrides against the config
+        repository = overridden_repository(args.model_repository, args.model, args.overrides, Path(scratch.name))
     if args.start_server:
-        server = TritonServer(model_repository=args.model_repository,
+        server = TritonServer(model_repository=repository,
                               http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                               log_path=args.out / "server.log",
                               extra_args=("--model-control-mode=explicit", f"--load-model={args.model}"))
         args.out.mkdir(parents=True, exist_ok=True)
-        server.start(timeout=300)
+        try:
+            server.start(timeout=300)
+        except (RuntimeError, TimeoutError) as exc:  # NOTE: e.g. an override Triton refuses; start() stopped it
+            if scratch is not None:
+                scratch.cleanup()
+            failures = server.load_failures()
+            if failures:
+                print(f"error: tritonserver did not load {args.model}: {failures[0]} (log: {server.log_path})",
+                      file=sys.stderr)
+            else:
+                print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
         args.http, args.grpc, args.metrics = server.http_url, server.grpc_url, server.metrics_url
     try:
         config = BenchmarkConfig(args.model, args.http, args.grpc, args.metrics, arrival,
@@ -107,6 +165,10 @@ def main() -> None:
     finally:
         if server is not None:
             server.stop()
+        if scratch is not None:
+            scratch.cleanup()
+    if args.overrides:
+        doc["overrides"] = {o.path: o.value for o in args.overrides}
     stem = f"{args.model}-{arrival.label.replace(' ', '_').replace('/', '')}"
     write_run(doc, args.out, stem)
     print(markdown_table([summary_row(doc)]))

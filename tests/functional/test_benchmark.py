@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -208,7 +209,7 @@ def test_cli_prints_a_refused_streams_message_and_a_timeout_in_one_line(server, 
 @pytest.mark.parametrize("extra, said", [
     (["--rate", "0"], "rate must be > 0"),
     (["--concurrency", "0"], "concurrency must be >= 1"),
-    (["--num-requests", "0"], "num_requests"),
+    (["--num-requests", "0"], "--num-requests must be >= 1"),
     (["--concurrency", "4"], "never fills one"),
     (["--num-requests", "12"], "the last 4 of 12 requests would wait for ever"),
 ])
@@ -316,3 +317,52 @@ def test_client_cost_measures_every_way_of_asking(tmp_path):
         assert float(cells[2]) > 0 and float(cells[3]) >= 0 and float(cells[4]) >= 0, cells
         assert float(cells[5]) > 0, cells  # the engine ran in the stub
         assert (cells[7] != "-") is way.startswith("streamed"), cells
+
+
+def test_queue_delay_sweep_serves_each_value_and_the_delay_forms_the_batch(tmp_path):
+    """scripts/sweep.py over dynamic_batching's max_queue_delay_microseconds, with the workload flags:
+    four requests sent together are one batch of 4 that waited out a 3 s timer, and not with no timer."""
+    scratch = set(Path(tempfile.gettempdir()).glob("batchlm-overrides-*"))
+    proc = subprocess.run([sys.executable, "scripts/sweep.py", "dynamic_batching", "--vary",
+                           "dynamic_batching.max_queue_delay_microseconds=0,3000000", "--out", str(tmp_path), "--",
+                           "--concurrency", "4", "--num-requests", "4", "--output-min", "4", "--output-cap", "4"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    rows = {row["value"]: row for row in sweep["rows"]}
+    assert list(rows) == ["0", "3000000"] and all(row["ok"] == "4/4" for row in rows.values()), rows
+    assert rows["3000000"]["requests per execution"] == 4.0 and rows["3000000"]["E2E p50"] >= 3.0, rows
+    assert rows["0"]["E2E p99"] < 3.0, rows  # no timer: the first request ran at once
+    for value in rows:
+        (doc,) = [json.loads(p.read_text()) for p in (tmp_path / value / "round-1").glob("dynamic_batching-*.json")]
+        served = doc["model_config"]["dynamic_batching"].get("max_queue_delay_microseconds", 0)
+        assert int(served) == int(value) and doc["overrides"] == {sweep["path"]: value}
+        assert [r["num_output_tokens"] for r in doc["requests"]] == [4] * 4  # --output-min = --output-cap
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| 3000000 | 4.000 |" in (tmp_path / "sweep.md").read_text()
+    assert set(Path(tempfile.gettempdir()).glob("batchlm-overrides-*")) == scratch  # the copies are removed
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--set", "dynamic_batching.max_queue_delay_microseconds=1"], "--set: needs --start-server"),
+    (["--start-server", "--set", "dynamic_batching.max_delay=1"], "ModelDynamicBatching has no such field"),
+    (["--start-server", "--set", "max_batch_size"], "an override is PATH=VALUE"),
+    (["--output-min", "9", "--output-cap", "8"], "--output-min must be <= --output-cap"),
+    (["--prompt-tokens-min", "0"], "--prompt-tokens-min must be >= 1"),
+])
+def test_benchmark_refuses_bad_overrides_and_workloads_before_anything_starts(tmp_path, extra, said):
+    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "dynamic_batching", "--out", str(tmp_path), *extra],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
+
+
+def test_benchmark_says_in_one_line_why_triton_refused_an_override(tmp_path):
+    """A value the schema allows but Triton will not load: its reason, from the server's log, in one line."""
+    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "dynamic_batching", "--start-server",
+                           "--set", "max_batch_size=-1", "--out", str(tmp_path)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: tritonserver did not load dynamic_batching: ") and \
+        "'max_batch_size' must be non-negative" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -1,16 +1,18 @@
 """Benchmark building blocks without a server: arrivals, per-request stats, metrics parsing, variants."""
 
 import contextlib
-import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
 from client.arrivals import ArrivalSpec
 from client.comparison import saturated_tok, targets_table, write_variant
-from client.metrics_timeline import MetricsTimeline, parse_metrics, saturated_window
+from client.metrics_timeline import MetricsTimeline, parse_metrics, requests_per_execution, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
+from client.workload import WorkloadSpec, build_requests
 
 
 def test_open_loop_times_are_seeded_with_the_asked_mean_rate():
@@ -117,10 +119,12 @@ def test_timeline_baseline_waits_for_counters_pushed_late():
 
 def test_variant_repository_overrides_parameters(tmp_path):
     write_variant(tmp_path, "continuous_batching", {"max_num_seqs": "64"})
-    config = (tmp_path / "continuous_batching" / "config.pbtxt").read_text()
-    assert 'key: "max_num_seqs" value: { string_value: "64" }' in config
-    model_dir = re.search(r'key: "model_dir" value: \{ string_value: "([^"]*)"', config).group(1)
-    assert model_dir.startswith("/") and (tmp_path / "continuous_batching" / "1" / "model.py").exists()
+    config = text_format.Parse((tmp_path / "continuous_batching" / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params["max_num_seqs"] == "64" and params["num_kv_blocks"] == "512"  # the rest as shipped
+    assert params["model_dir"].startswith("/") and (tmp_path / "continuous_batching" / "1" / "model.py").exists()
+    assert config.model_transaction_policy.decoupled
 
 
 def _sample(t, waiting, tokens):
@@ -202,3 +206,19 @@ def test_unfillable_batches_names_what_would_wait_for_ever():
     assert "the last 3 of 11 requests" in unfillable_batches(static, 11, ArrivalSpec.open_loop(2.0))
     dynamic = {"name": "dynamic_batching", "max_batch_size": 8, "parameters": {}}
     assert unfillable_batches(dynamic, 11, ArrivalSpec.closed_loop(1)) is None
+
+
+def test_requests_per_execution_is_the_batch_triton_formed():
+    samples = [{"executions": 2.0, "inferences": 9.0}, {"executions": 0.0, "inferences": 0.0},
+               {"executions": 1.0, "inferences": 3.0}]
+    assert requests_per_execution(samples) == 4.0
+    assert requests_per_execution([{"executions": 0.0, "inferences": 0.0}]) is None
+    assert requests_per_execution([_sample(1.0, 0, 10)]) is None  # a timeline from before the field
+
+
+def test_fixed_output_lengths_and_their_checks():
+    spec = WorkloadSpec(num_requests=16, output_min=20, output_cap=20)
+    assert {r.max_tokens for r in build_requests(spec)} == {20}
+    assert spec.static_speedup_bound(8) == pytest.approx(1.0)  # every row finishes together
+    with pytest.raises(ValueError, match="output_min must be <= output_cap"):
+        WorkloadSpec(output_min=21, output_cap=20)

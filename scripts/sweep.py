@@ -1,0 +1,140 @@
+"""Tune one knob: serve a model at several values of one config.pbtxt field, the same load each time.
+
+    python scripts/sweep.py dynamic_batching \\
+        --vary dynamic_batching.max_queue_delay_microseconds=0,50000,500000,2000000 \\
+        [--rounds 2] [--out results/sweep] -- --rate 1.0 --num-requests 48
+
+    python scripts/sweep.py continuous_batching --vary parameters.max_num_seqs=2,4,8,16 -- --concurrency 32
+
+Everything after `--` goes to `scripts/benchmark.py` as it is (the load, the workload flags, --protocol,
+--set for fields that stay fixed, --model-repository). For each round, and in each round for each value in
+turn (so a slow phase of the machine falls on every value alike), the model is served from a copy of
+its folder with `--set PATH=VALUE` by its own tritonserver and measured once. Writes each run's JSON
+and markdown under --out/<value>/round-<k>/, and the sweep's own `sweep.md`, `sweep.json` and `sweep.png`:
+per value, the medians over the rounds of the batch Triton formed, sequences per forward pass,
+throughput and latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from batchlm.triton_server import DEFAULT_REPOSITORY  # noqa: E402
+from client import plots  # noqa: E402
+from client.config_override import ConfigOverride, overridden_config  # noqa: E402
+from client.sweep import sweep_markdown, sweep_rows  # noqa: E402
+
+SET_BY_THE_SWEEP = ("--out", "--start-server", "--http", "--grpc", "--metrics")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model")
+    p.add_argument("--vary", required=True, metavar="PATH=V1,V2,...",
+                   help="the config.pbtxt field and its values, in the order to run them")
+    p.add_argument("--rounds", type=int, default=1, help="runs per value, interleaved; the table shows medians")
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "sweep")
+    p.epilog = "after --: scripts/benchmark.py's flags (load, workload, protocol, --set for fixed fields)"
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:split])
+    args.benchmark_args = argv[split + 1:]
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    path, sep, values = args.vary.partition("=")
+    args.path, args.values = path.strip(), [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not args.path or not args.values:
+        p.error("--vary: PATH=V1,V2,..., e.g. dynamic_batching.max_queue_delay_microseconds=0,50000")
+    if len(set(args.values)) != len(args.values):
+        p.error(f"--vary: a value is given twice in {','.join(args.values)}")
+    for flag in args.benchmark_args:
+        name = flag.split("=", 1)[0]
+        if name in SET_BY_THE_SWEEP:
+            p.error(f"{name}: the sweep sets it for each run; leave it out of the benchmark's flags")
+    repository = _repository(args.benchmark_args)
+    config = repository / args.model / "config.pbtxt"
+    if not config.is_file():
+        p.error(f"{args.model}: no such model in {repository}")
+    fixed = _fixed_overrides(args.benchmark_args)
+    if any(o.partition("=")[0].strip() == args.path for o in fixed):
+        p.error(f"--set {args.path}: the sweep varies that field; leave it out of the benchmark's flags")
+    try:
+        fixed = [ConfigOverride.parse(o) for o in fixed]
+        overridden_config(config.read_text(), fixed)
+    except ValueError as exc:
+        p.error(f"--set {exc}")
+    for value in args.values:  # NOTE: every value checked before the first run, not after an hour
+        try:
+            overridden_config(config.read_text(), [*fixed, ConfigOverride(args.path, value)])
+        except ValueError as exc:
+            p.error(f"--vary {exc}")
+    return args
+
+
+def _repository(benchmark_args: list[str]) -> Path:
+    for i, flag in enumerate(benchmark_args):
+        if flag == "--model-repository" and i + 1 < len(benchmark_args):
+            return Path(benchmark_args[i + 1])
+        if flag.startswith("--model-repository="):
+            return Path(flag.split("=", 1)[1])
+    return DEFAULT_REPOSITORY
+
+
+def _fixed_overrides(benchmark_args: list[str]) -> list[str]:
+    found = []
+    for i, flag in enumerate(benchmark_args):
+        if flag == "--set" and i + 1 < len(benchmark_args):
+            found.append(benchmark_args[i + 1])
+        elif flag.startswith("--set="):
+            found.append(flag.split("=", 1)[1])
+    return found
+
+
+def run_once(args: argparse.Namespace, value: str, out: Path) -> dict:
+    """One `scripts/benchmark.py` run with PATH=value on its own server; its run document."""
+    command = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), args.model, "--start-server",
+               "--set", f"{args.path}={value}", "--out", str(out), *args.benchmark_args]
+    result = subprocess.run(command, cwd=ROOT)
+    if result.returncode != 0:
+        raise SystemExit(f"error: the run with {args.path}={value} failed (exit {result.returncode}); "
+                         f"see above and {out / 'server.log'}")
+    (document,) = [json.loads(p.read_text()) for p in out.glob(f"{args.model}-*.json")]
+    return document
+
+
+def main() -> None:
+    args = parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict]] = {value: [] for value in args.values}
+    for k in range(1, args.rounds + 1):
+        for value in args.values:
+            print(f"== round {k}/{args.rounds}: {args.path}={value}", flush=True)
+            runs[value].append(run_once(args, value, args.out / _slug(value) / f"round-{k}"))
+    rows = sweep_rows(runs)
+    load = runs[args.values[0]][0]["arrival"]["label"]
+    command = shlex.join(["python", "scripts/sweep.py", *sys.argv[1:]])
+    (args.out / "sweep.md").write_text(sweep_markdown(args.model, args.path, rows, load, command))
+    (args.out / "sweep.json").write_text(json.dumps({
+        "model": args.model, "path": args.path, "values": args.values, "rounds": args.rounds, "load": load,
+        "command": command, "benchmark_args": args.benchmark_args, "rows": rows,
+        "workload": runs[args.values[0]][0]["workload"], "environment": runs[args.values[0]][0]["environment"],
+    }, indent=1))
+    plots.sweep(rows, args.path, f"{args.model}, {load}", args.out / "sweep.png")
+    print((args.out / "sweep.md").read_text())
+    print(f"wrote {args.out / 'sweep.md'}, sweep.json and sweep.png")
+
+
+def _slug(value: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
+
+
+if __name__ == "__main__":
+    main()
