@@ -76,25 +76,28 @@ def timeline(doc: dict, path: Path) -> None:
 
 
 def sweep(rows: list[dict], path_name: str, title: str, path: Path) -> None:
-    """One config field's values (x, in the order run) against latency (left) and throughput with the
-    batch Triton formed (right), from client.sweep.sweep_rows."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    """One config field's values (x, in the order run) against latency (left), and throughput with the
+    batch Triton formed and the engine's sequences per forward pass (right), from client.sweep.sweep_rows."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
     x = list(range(len(rows)))
     labels = [row["value"] for row in rows]
     for key, style in (("TTFT p50", "s--"), ("E2E p50", "o-"), ("E2E p99", "^-")):
         left.plot(x, [row[key] if row[key] is not None else np.nan for row in rows], style, label=key)
     left.set_ylabel("seconds")
+    left.set_ylim(bottom=0)
     left.set_title("latency")
     right.plot(x, [row["out tok/s"] for row in rows], "o-", color="tab:green", label="output tok/s")
     right.set_ylabel("output tokens/s")
     right.set_title("throughput and batch size")
     batch = right.twinx()
-    batch.plot(x, [row["requests per execution"] if row["requests per execution"] is not None else np.nan
-                   for row in rows], "s--", color="tab:purple", label="requests per execution")
-    batch.set_ylabel("requests per execution")
+    for key, style, color in (("requests per execution", "s--", "tab:purple"), ("seqs per forward", "d:", "tab:brown")):
+        batch.plot(x, [row[key] if row[key] is not None else np.nan for row in rows], style, color=color, label=key)
+    batch.set_ylabel("batch: requests per execution, sequences per forward")
+    right.set_ylim(bottom=0)  # NOTE: from 0, so a 2% change does not fill the panel
+    batch.set_ylim(bottom=0)
     lines = right.get_legend_handles_labels()
     more = batch.get_legend_handles_labels()
-    right.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8)
+    right.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     for ax in (left, right):
         ax.set_xticks(x, labels)
         ax.set_xlabel(path_name)

@@ -50,14 +50,17 @@ def sweep_rows(runs: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
-def sweep_markdown(model: str, path: str, rows: list[dict], load: str, command: str) -> str:
-    """The sweep's table with what it ran: the model, the field, the load and the command."""
+def sweep_markdown(model: str, path: str, rows: list[dict], load: str, command: str, env: dict) -> str:
+    """The sweep's table with what it ran: the model, the field, the load, the command and the machine
+    (`env`: client.report.environment() of a run)."""
     headers = [path, *FIGURES, "ok", "failures"]
     lines = [f"# {model}: {path}", "",
              f"Load: {load}; medians over {rows[0]['rounds'] if rows else 0} round(s) per value. Times in "
              "seconds. `requests per execution` is the batch Triton handed the model (1 where Triton does "
              "not batch); `seqs per forward` the unfinished sequences in the engine's forward passes.", "",
              f"Command: `{command}`", "",
+             f"Machine: {env.get('cpu')} x{env.get('cpu_count')}, server {env.get('server')}, "
+             f"packages {env.get('packages')}.", "",
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
         cells = [row["value"], *(_cell(row[name]) for name in FIGURES), row["ok"], row["failures"]]

@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the config.pbtxt field and its values, in the order to run them")
     p.add_argument("--rounds", type=int, default=1, help="runs per value, interleaved; the table shows medians")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "sweep")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: rebuild sweep.md, .json and .png from the runs already under --out")
     p.epilog = "after --: scripts/benchmark.py's flags (load, workload, protocol, --set for fixed fields)"
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
@@ -98,6 +100,14 @@ def _fixed_overrides(benchmark_args: list[str]) -> list[str]:
     return found
 
 
+def _document(model: str, out: Path) -> dict:
+    """The one run document of `model` in `out`."""
+    found = sorted(out.glob(f"{model}-*.json"))
+    if len(found) != 1:
+        raise SystemExit(f"error: {out} holds {len(found)} runs of {model}, not one")
+    return json.loads(found[0].read_text())
+
+
 def run_once(args: argparse.Namespace, value: str, out: Path) -> dict:
     """One `scripts/benchmark.py` run with PATH=value on its own server; its run document."""
     command = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), args.model, "--start-server",
@@ -106,8 +116,7 @@ def run_once(args: argparse.Namespace, value: str, out: Path) -> dict:
     if result.returncode != 0:
         raise SystemExit(f"error: the run with {args.path}={value} failed (exit {result.returncode}); "
                          f"see above and {out / 'server.log'}")
-    (document,) = [json.loads(p.read_text()) for p in out.glob(f"{args.model}-*.json")]
-    return document
+    return _document(args.model, out)
 
 
 def main() -> None:
@@ -116,16 +125,21 @@ def main() -> None:
     runs: dict[str, list[dict]] = {value: [] for value in args.values}
     for k in range(1, args.rounds + 1):
         for value in args.values:
+            out = args.out / _slug(value) / f"round-{k}"
+            if args.report_only:
+                runs[value].append(_document(args.model, out))
+                continue
             print(f"== round {k}/{args.rounds}: {args.path}={value}", flush=True)
-            runs[value].append(run_once(args, value, args.out / _slug(value) / f"round-{k}"))
+            runs[value].append(run_once(args, value, out))
     rows = sweep_rows(runs)
     load = runs[args.values[0]][0]["arrival"]["label"]
-    command = shlex.join(["python", "scripts/sweep.py", *sys.argv[1:]])
-    (args.out / "sweep.md").write_text(sweep_markdown(args.model, args.path, rows, load, command))
+    command = shlex.join(["python", "scripts/sweep.py", *(a for a in sys.argv[1:] if a != "--report-only")])
+    env = runs[args.values[0]][0]["environment"]
+    (args.out / "sweep.md").write_text(sweep_markdown(args.model, args.path, rows, load, command, env))
     (args.out / "sweep.json").write_text(json.dumps({
         "model": args.model, "path": args.path, "values": args.values, "rounds": args.rounds, "load": load,
         "command": command, "benchmark_args": args.benchmark_args, "rows": rows,
-        "workload": runs[args.values[0]][0]["workload"], "environment": runs[args.values[0]][0]["environment"],
+        "workload": runs[args.values[0]][0]["workload"], "environment": env,
     }, indent=1))
     plots.sweep(rows, args.path, f"{args.model}, {load}", args.out / "sweep.png")
     print((args.out / "sweep.md").read_text())

@@ -366,3 +366,18 @@ def test_benchmark_says_in_one_line_why_triton_refused_an_override(tmp_path):
     assert proc.stderr.startswith("error: tritonserver did not load dynamic_batching: ") and \
         "'max_batch_size' must be non-negative" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--vary", "max_batch_size"], "--vary: PATH=V1,V2,..."),
+    (["--vary", "max_batch_size=2,two"], "--vary max_batch_size: expects an integer, got 'two'"),
+    (["--vary", "max_batch_size=2,2"], "a value is given twice"),
+    (["--vary", "max_batch_size=2", "--", "--out", "x"], "--out: the sweep sets it"),
+    (["--vary", "max_batch_size=2", "--", "--set", "max_batch_size=4"], "the sweep varies that field"),
+    (["--vary", "max_batch_size=2", "--", "--set", "nope=1"], "--set nope: ModelConfig has no such field"),
+])
+def test_sweep_refuses_what_would_fail_before_any_run(tmp_path, extra, said):
+    proc = subprocess.run([sys.executable, "scripts/sweep.py", "dynamic_batching", "--out", str(tmp_path / "s"),
+                           *extra], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "s").exists()

@@ -12,6 +12,7 @@ from client.arrivals import ArrivalSpec
 from client.comparison import saturated_tok, targets_table, write_variant
 from client.metrics_timeline import MetricsTimeline, parse_metrics, requests_per_execution, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
+from client.sweep import sweep_markdown, sweep_rows
 from client.workload import WorkloadSpec, build_requests
 
 
@@ -222,3 +223,27 @@ def test_fixed_output_lengths_and_their_checks():
     assert spec.static_speedup_bound(8) == pytest.approx(1.0)  # every row finishes together
     with pytest.raises(ValueError, match="output_min must be <= output_cap"):
         WorkloadSpec(output_min=21, output_cap=20)
+
+
+def _run_doc(tok_s, e2e_p50, ok, failures, executions=2.0, inferences=6.0):
+    quantiles = {"mean": e2e_p50, "p50": e2e_p50, "p90": e2e_p50, "p99": e2e_p50}
+    return {"summary": {"requests_per_execution": inferences / executions, "request_throughput": 1.0,
+                        "output_token_throughput": tok_s, "saturated": None, "ttft": quantiles, "e2e": quantiles,
+                        "num_ok": ok, "num_requests": 4, "failures": failures},
+            "timeline": [{"seqs_per_forward": 3.0, "forward_passes": 10.0}]}
+
+
+def test_sweep_rows_take_medians_over_rounds_and_add_up_answers_and_failures():
+    runs = {"0": [_run_doc(100.0, 1.0, 4, {}), _run_doc(300.0, 3.0, 4, {}), _run_doc(200.0, 2.0, 3, {"503": 1})],
+            "50000": [_run_doc(50.0, 5.0, 2, {"503": 1, "400": 1}, executions=1.0, inferences=4.0)]}
+    rows = sweep_rows(runs)
+    assert [r["value"] for r in rows] == ["0", "50000"]
+    assert rows[0]["out tok/s"] == 200.0 and rows[0]["E2E p50"] == 2.0 and rows[0]["rounds"] == 3
+    assert rows[0]["requests per execution"] == 3.0 and rows[0]["seqs per forward"] == 3.0
+    assert rows[0]["ok"] == "11/12" and rows[0]["failures"] == "503: 1"
+    assert rows[1]["ok"] == "2/4" and rows[1]["failures"] == "400: 1, 503: 1"
+    assert rows[0]["out tok/s saturated"] is None  # an open-loop run has no saturated window
+    table = sweep_markdown("dynamic_batching", "max_batch_size", rows, "closed-loop c=4", "python scripts/sweep.py",
+                           {"cpu": "Some CPU", "cpu_count": 2})
+    assert "Machine: Some CPU x2" in table
+    assert "| 0 | 3.000 | 3.000 | 1.000 | 200.0 | - | 2.000 |" in table
