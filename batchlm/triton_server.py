@@ -76,6 +76,9 @@ class TritonServer:
     log_path: Path | None = None
     extra_args: tuple[str, ...] = ()
     install: TritonInstall | None = None
+    # On SIGTERM: the most seconds tritonserver waits for requests in flight to end and models to unload
+    # before it exits anyway (Triton's --exit-timeout-secs).
+    exit_timeout_s: int = 15
     process: subprocess.Popen | None = field(default=None, init=False)
     # Python backend shared-memory regions of this server are named with this prefix, so stop() can
     # remove the ones a killed stub leaves in /dev/shm.
@@ -105,7 +108,7 @@ class TritonServer:
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
-            "--exit-timeout-secs=15",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *self.extra_args,
         ]
@@ -209,7 +212,7 @@ class TritonServer:
         # NOTE: Triton's SIGTERM handling first waits, up to its exit timeout, for every open HTTP
         # connection to close, then unloads the models in whatever time is left. A client socket of this
         # process kept alive only by a reference cycle (a failed request's traceback holds its response)
-        # made it wait out all 15 s and exit without unloading any model; collect such cycles first.
+        # made it wait out its exit timeout and exit without unloading any model; collect such cycles first.
         gc.collect()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
