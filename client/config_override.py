@@ -6,6 +6,8 @@ path into Triton's ModelConfig and a value, written as on a command line:
     dynamic_batching.max_queue_delay_microseconds=200000
     max_batch_size=4
     parameters.max_num_seqs=16          # a `parameters { key: ... }` entry's string_value
+    instance_group.0.count=2            # a field of entry 0 of a list of messages
+    dynamic_batching.preferred_batch_size=4 8   # a list of scalars, replaced whole (space-separated)
 
 `overridden_repository` writes a one-model repository with the overrides applied, which a server can
 load instead of the project's; the project's own files are never edited. Fields are checked against
@@ -54,27 +56,46 @@ class ConfigOverride:
             config.parameters[names[1]].string_value = self.value
             return
         message = config
-        for i, name in enumerate(names):
+        i = 0
+        while i < len(names):
+            name = names[i]
             field = message.DESCRIPTOR.fields_by_name.get(name)
             where = ".".join(names[:i + 1])
             if field is None:
                 known = ", ".join(sorted(message.DESCRIPTOR.fields_by_name))
                 raise ValueError(f"{where}: {message.DESCRIPTOR.name} has no such field; it has {known}")
-            if field.is_repeated:
-                raise ValueError(f"{where}: a repeated field; overrides set single fields only "
-                                 "(edit a copy of the config.pbtxt for lists)")
             last = i == len(names) - 1
             if field.type == FieldDescriptor.TYPE_MESSAGE:
                 if last:
-                    raise ValueError(f"{where}: a message; set one of its fields ({where}.<field>)")
+                    what = "a list of messages" if field.is_repeated else "a message"
+                    hint = f"{where}.0.<field>" if field.is_repeated else f"{where}.<field>"
+                    raise ValueError(f"{where}: {what}; set one of its fields ({hint})")
+                if field.is_repeated:
+                    if field.message_type.GetOptions().map_entry:
+                        raise ValueError(f"{where}: a map; overrides set parameters.<key> only")
+                    message = _entry(getattr(message, name), names[i + 1], where)
+                    if i + 1 == len(names) - 1:
+                        raise ValueError(f"{where}.{names[i + 1]}: an entry of {name}; set one of its "
+                                         f"fields ({where}.{names[i + 1]}.<field>)")
+                    i += 2
+                    continue
                 message = getattr(message, name)
+                i += 1
                 continue
             if not last:
                 raise ValueError(f"{where}: {_type_name(field, article=True)}, not a message: {self.path} goes past it")
-            setattr(message, name, self._converted(field, where))
+            if field.is_repeated:
+                values = self.value.split()
+                target = getattr(message, name)
+                converted = [self._converted(field, where, v) for v in values]
+                del target[:]
+                target.extend(converted)
+            else:
+                setattr(message, name, self._converted(field, where, self.value))
+            return
 
-    def _converted(self, field: FieldDescriptor, where: str):
-        value = self.value
+    @staticmethod
+    def _converted(field: FieldDescriptor, where: str, value: str):
         try:
             if field.type in _INTS:
                 return int(value)
@@ -94,6 +115,16 @@ class ConfigOverride:
         if field.type == FieldDescriptor.TYPE_STRING:
             return value
         raise ValueError(f"{where}: {_type_name(field, article=True)} field; overrides cannot set it")
+
+
+def _entry(entries, index: str, where: str):
+    """Entry `index` (a decimal string) of a repeated message field; raises ValueError naming it."""
+    if not index.isdigit():
+        raise ValueError(f"{where}.{index}: {where} is a list; name an entry by its index ({where}.0)")
+    if int(index) >= len(entries):
+        have = f"entries 0 to {len(entries) - 1}" if entries else "no entries"
+        raise ValueError(f"{where}.{index}: {where} has {have}; overrides change entries, they do not add them")
+    return entries[int(index)]
 
 
 def _type_name(field: FieldDescriptor, article: bool = False) -> str:

@@ -49,13 +49,15 @@ class MetricsSample:
 
 
 def parse_metrics(text: str, model: str) -> dict[str, float]:
-    """The FAMILIES values for `model` from a Prometheus text page (missing ones are left out)."""
+    """The FAMILIES values for `model` from a Prometheus text page (missing ones are left out), each
+    summed over the model's series: one per instance where the model has several (`instance` label)."""
     wanted = {family: key for key, family in FAMILIES.items()}
     values: dict[str, float] = {}
     for line in text.splitlines():
         name, _, rest = line.partition("{")
         if name in wanted and f'model="{model}"' in rest:
-            values[wanted[name]] = float(line.rsplit(" ", 1)[1])
+            key = wanted[name]
+            values[key] = values.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return values
 
 

@@ -61,7 +61,9 @@ def parse_args() -> argparse.Namespace:
                         "(default: http)")
     p.add_argument("--set", dest="overrides", metavar="PATH=VALUE", action="append", default=[],
                    help="with --start-server: serve the model with this config.pbtxt field changed (repeatable), "
-                        "e.g. dynamic_batching.max_queue_delay_microseconds=200000 or parameters.max_num_seqs=16")
+                        "e.g. dynamic_batching.max_queue_delay_microseconds=200000, parameters.max_num_seqs=16, "
+                        "instance_group.0.count=2 (entry 0 of a list) or "
+                        "'dynamic_batching.preferred_batch_size=4 8' (a list, replaced whole)")
     workload = p.add_argument_group("workload (client.workload.WorkloadSpec; --output-min equal to --output-cap "
                                     "gives every request exactly that many tokens)")
     defaults = WorkloadSpec()

@@ -123,6 +123,7 @@ class ContinuousBatchingService:
         self._engine = engine
         while True:
             if not self._engine.has_unfinished():
+                self._record_queue()  # NOTE: also publishes the KV pool from the load on, before any request
                 self._metrics.record_idle()
             with self._lock:
                 while not self._closed and not self._inbox and not self._engine.has_unfinished():

@@ -25,6 +25,8 @@ class DynamicBatchingService:
         self._metrics = metrics
         self._name = model_name
         self._cancel_check_period = cancel_check_period
+        metrics.record_queue(0, 0, *generator.kv_usage())  # the KV pool from the load on, before any request
+        metrics.record_idle()
 
     def execute(self, raw_requests: list) -> list:
         """One response per request, in order."""

@@ -1,7 +1,11 @@
 """Prometheus metrics every model publishes through the Python backend's metrics API.
 
-All families carry the label `model`; Triton serves them on its metrics port next to its own
-`nv_inference_*` families. Names are shared by the three strategies so one query compares them.
+All families carry the label `model`, and `instance` (Triton's `model_instance_name`, e.g.
+`dynamic_batching_0_1`) where the model passes it: every instance is its own process with its own
+engine, so each publishes its own series, and a model's value is the sum over its instances (a gauge
+set by two instances under one label set would hold whichever wrote last). Triton serves them on its
+metrics port next to its own `nv_inference_*` families. Names are shared by the three strategies so one
+query compares them.
 
 Each metric update is a message from the backend stub to the server, so updates are buffered here and
 pushed at most every `min_interval` seconds (and at once when the model goes idle): the engine thread
@@ -35,8 +39,8 @@ _COUNTERS = {
 class ModelMetrics:
     """The metrics of one model instance. Thread-safe: any thread may record."""
 
-    def __init__(self, model_name: str, min_interval: float = 0.1) -> None:
-        labels = {"model": model_name}
+    def __init__(self, model_name: str, instance: str | None = None, min_interval: float = 0.1) -> None:
+        labels = {"model": model_name} if instance is None else {"model": model_name, "instance": instance}
         # NOTE: a MetricFamily must outlive its Metrics, so the families are kept here.
         self._families = []
         self._metrics = {}

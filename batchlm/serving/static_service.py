@@ -165,6 +165,8 @@ class StaticBatchingService:
 
     def _run(self, generator: BatchGenerator) -> None:
         self._generator = generator
+        self._record_queue()  # the KV pool from the load on, before any request
+        self._metrics.record_idle()
         while (batch := self._batches.get()) is not _STOP:
             self._run_batch(batch)
 

@@ -41,11 +41,11 @@ is_alive = process_alive  # a live process that is not a zombie
 
 
 def metric_value(server, name: str, model: str) -> float | None:
-    """One sample of a Prometheus family for `model` from the server's metrics endpoint."""
+    """One sample of a Prometheus family for `model` from the server's metrics endpoint, summed over
+    the model's instances; None when the model has no such series."""
     import urllib.request
 
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + "{") and f'model="{model}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + "{") and f'model="{model}"' in line]
+    return sum(values) if values else None

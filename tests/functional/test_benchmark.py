@@ -343,6 +343,33 @@ def test_queue_delay_sweep_serves_each_value_and_the_delay_forms_the_batch(tmp_p
     assert set(Path(tempfile.gettempdir()).glob("batchlm-overrides-*")) == scratch  # the copies are removed
 
 
+def test_two_instances_run_two_batches_at_once_and_their_metrics_add_up(tmp_path):
+    """A sweep moving two fields together, --set on a list entry and on a list of scalars:
+    dynamic_batching with 2 instances of 1 thread each and a preferred batch of 4 runs 8 requests sent
+    together as two batches of 4 at the same time, and the run's timeline sums the two instances'
+    series (a KV pool of 512 blocks each, published from the load on)."""
+    fixed = {"dynamic_batching.preferred_batch_size": "4",
+             "dynamic_batching.max_queue_delay_microseconds": "2000000"}
+    proc = subprocess.run([sys.executable, "scripts/sweep.py", "dynamic_batching", "--out", str(tmp_path),
+                           "--vary", "instance_group.0.count=2", "--vary", "parameters.num_threads=1", "--",
+                           *[arg for path, value in fixed.items() for arg in ("--set", f"{path}={value}")],
+                           "--concurrency", "8", "--num-requests", "8", "--output-min", "96",
+                           "--output-cap", "96"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    assert sweep["path"] == "instance_group.0.count, parameters.num_threads" and sweep["values"] == ["2, 1"]
+    assert sweep["settings"] == [{"instance_group.0.count": "2", "parameters.num_threads": "1"}]
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "2_1" / "round-1").glob("dynamic_batching-*.json")]
+    assert doc["overrides"] == {**sweep["settings"][0], **fixed} and doc["summary"]["num_ok"] == 8
+    assert doc["model_config"]["instance_group"][0]["count"] == 2
+    assert [int(b) for b in doc["model_config"]["dynamic_batching"]["preferred_batch_size"]] == [4]
+    assert doc["summary"]["requests_per_execution"] == 4.0 == sweep["rows"][0]["requests per execution"]
+    assert any(s["running"] == 8 for s in doc["timeline"]), doc["timeline"]  # both batches at once
+    # two pools of 512 blocks, each published from its load on (so also before the first batch ran)
+    assert {s["kv_total"] for s in doc["timeline"]} == {1024.0}, doc["timeline"]
+
+
 @pytest.mark.parametrize("extra, said", [
     (["--set", "dynamic_batching.max_queue_delay_microseconds=1"], "--set: needs --start-server"),
     (["--start-server", "--set", "dynamic_batching.max_delay=1"], "ModelDynamicBatching has no such field"),
@@ -375,6 +402,12 @@ def test_benchmark_says_in_one_line_why_triton_refused_an_override(tmp_path):
     (["--vary", "max_batch_size=2", "--", "--out", "x"], "--out: the sweep sets it"),
     (["--vary", "max_batch_size=2", "--", "--set", "max_batch_size=4"], "the sweep varies that field"),
     (["--vary", "max_batch_size=2", "--", "--set", "nope=1"], "--set nope: ModelConfig has no such field"),
+    (["--vary", "instance_group.0.count=1,2", "--vary", "parameters.num_threads=2"],
+     "--vary parameters.num_threads: 1 values, the first --vary has 2"),
+    (["--vary", "max_batch_size=2,4", "--vary", "max_batch_size=4,8"], "--vary max_batch_size: given twice"),
+    (["--vary", "instance_group.0.count=1,2", "--vary", "parameters.num_threads=2,1", "--", "--set",
+      "parameters.num_threads=1"], "--set parameters.num_threads: the sweep varies that field"),
+    (["--vary", "instance_group.1.count=2"], "--vary instance_group.1: instance_group has entries 0 to 0"),
 ])
 def test_sweep_refuses_what_would_fail_before_any_run(tmp_path, extra, said):
     proc = subprocess.run([sys.executable, "scripts/sweep.py", "dynamic_batching", "--out", str(tmp_path / "s"),

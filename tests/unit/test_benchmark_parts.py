@@ -66,6 +66,15 @@ def test_parse_metrics_reads_one_model():
     assert parse_metrics(text, "a") == {"forward_sequences": 3.0, "triton_pending": 2.0}
 
 
+def test_parse_metrics_sums_a_model_over_its_instances():
+    text = ('batchlm_kv_blocks_total{instance="a_0_0",model="a"} 512\n'
+            'batchlm_kv_blocks_total{instance="a_0_1",model="a"} 512\n'
+            'batchlm_running_requests{instance="a_0_0",model="a"} 4\n'
+            'batchlm_running_requests{instance="a_0_1",model="a"} 3\n'
+            'batchlm_running_requests{instance="ab_0_0",model="ab"} 8\n')
+    assert parse_metrics(text, "a") == {"kv_total": 1024.0, "running": 7.0}
+
+
 class _MetricsPage(BaseHTTPRequestHandler):
     tokens = 100  # the counter the page shows; a test moves it
 

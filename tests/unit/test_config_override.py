@@ -1,5 +1,6 @@
 """Config overrides: a dotted path into Triton's ModelConfig set to a value, checked against the schema."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,16 @@ def test_sets_scalars_enums_and_parameters_and_keeps_the_rest():
     assert config == shipped  # nothing else moved
 
 
+def test_sets_a_field_of_a_list_entry_and_replaces_a_list_of_scalars():
+    config = override("instance_group.0.count=2", "instance_group.0.kind=KIND_CPU",
+                      "dynamic_batching.preferred_batch_size=4 8")
+    assert len(config.instance_group) == 1 and config.instance_group[0].count == 2
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert list(override("dynamic_batching.preferred_batch_size=4 8", "dynamic_batching.preferred_batch_size=2")
+                .dynamic_batching.preferred_batch_size) == [2]  # replaced whole, not appended to
+
+
 @pytest.mark.parametrize("text, message", [
     ("dynamic_batching.max_queue_delay=1", "dynamic_batching.max_queue_delay: ModelDynamicBatching has no such field"),
     ("max_batch_size=eight", "max_batch_size: expects an integer, got 'eight'"),
@@ -48,11 +59,18 @@ def test_sets_scalars_enums_and_parameters_and_keeps_the_rest():
     ("dynamic_batching.default_queue_policy.timeout_action=WAIT", "expects one of REJECT, DELAY"),
     ("dynamic_batching=1", "dynamic_batching: a message; set one of its fields"),
     ("max_batch_size.value=1", "max_batch_size: an integer, not a message"),
-    ("instance_group.count=2", "instance_group: a repeated field"),
+    ("instance_group.count=2", "instance_group.count: instance_group is a list; name an entry by its index"),
+    ("instance_group.1.count=2", "instance_group.1: instance_group has entries 0 to 0; overrides change entries"),
+    ("instance_group.0=2", "instance_group.0: an entry of instance_group; set one of its fields"),
+    ("instance_group=2", "instance_group: a list of messages; set one of its fields (instance_group.0.<field>)"),
+    ("instance_group.0.cnt=2", "instance_group.0.cnt: ModelInstanceGroup has no such field"),
+    ("instance_group.0.count=two", "instance_group.0.count: expects an integer, got 'two'"),
+    ("dynamic_batching.preferred_batch_size=4 x", "dynamic_batching.preferred_batch_size: expects an integer, got 'x'"),
+    ("dynamic_batching.priority_queue_policy.1.max_queue_size=2", "dynamic_batching.priority_queue_policy: a map"),
     ("parameters.a.b=1", "a parameter is parameters.<key>"),
 ])
 def test_a_bad_override_names_its_field(text, message):
-    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         override(text)
 
 

@@ -10,7 +10,7 @@ class TritonPythonModel:
     def initialize(self, args):
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=True)
         self.service = ContinuousBatchingService(lambda: LLMEngine(model_dir, config.engine),
-                                                 ModelMetrics(name), config.max_waiting,
+                                                 ModelMetrics(name, args["model_instance_name"]), config.max_waiting,
                                                  config.cancellation_check_period_ms / 1000,
                                                  config.stream_interval, name)
 

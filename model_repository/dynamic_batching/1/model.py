@@ -10,7 +10,7 @@ class TritonPythonModel:
     def initialize(self, args):
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=False)
         generator = BatchGenerator.from_dir(model_dir, config.engine)
-        self.service = DynamicBatchingService(generator, ModelMetrics(name), name,
+        self.service = DynamicBatchingService(generator, ModelMetrics(name, args["model_instance_name"]), name,
                                               config.cancellation_check_period_ms / 1000)
 
     def execute(self, requests):

@@ -12,7 +12,7 @@ class TritonPythonModel:
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=False)
         self.claim = InstanceClaim(args["model_instance_name"])
         self.service = StaticBatchingService(lambda: BatchGenerator.from_dir(model_dir, config.engine),
-                                             ModelMetrics(name), config.batch_size,
+                                             ModelMetrics(name, args["model_instance_name"]), config.batch_size,
                                              config.max_waiting, name, triton_io.readiness_probe(name),
                                              is_superseded=self.claim.superseded,
                                              cancel_check_period=config.cancellation_check_period_ms / 1000)

@@ -20,7 +20,7 @@ class TritonPythonModel:
         pad = eos if eos is not None else 0
         reaper = BlsReaper()
         self.service = TrtllmFrontService(name, front, tokenizer, TrtllmBls(front.backend_model, eos, pad, reaper),
-                                          ModelMetrics(name), reaper)
+                                          ModelMetrics(name, args["model_instance_name"]), reaper)
 
     def execute(self, requests):
         for request in requests:
