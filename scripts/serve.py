@@ -46,9 +46,9 @@ def main() -> int:
         print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",
               flush=True)
         # NOTE: not signal.pause(): a signal that lands after Python's last check for pending signals and
-        # before pause() is entered leaves pause() waiting for the next one, and the server running
-        # (seen once in a clean `make test`: SIGINT sent right after the ready line, nothing stopped). A
-        # pending signal's handler runs at the latest when this sleep ends.
+        # before pause() is entered leaves pause() waiting for the next one, and the server running. (A
+        # candidate cause, not reproduced, of a clean `make test` in which a SIGINT sent right after the
+        # ready line stopped nothing.) A pending signal's handler runs at the latest when this sleep ends.
         while True:
             time.sleep(0.5)
     except (KeyboardInterrupt, SystemExit):
