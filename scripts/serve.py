@@ -41,6 +41,10 @@ def main() -> int:
         # Foreground: the server's own log goes to this terminal.
         os.execve(server.command()[0], server.command(), server.environment())
     exit_cleanly_on_sigterm()  # NOTE: SIGTERM's default action would end this process before server.stop()
+    # NOTE: the signals this script stops on must reach it even when its parent handed it SIGINT ignored
+    # (a job started in the background by a shell without job control) or blocked.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     try:
         server.start()
         print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",

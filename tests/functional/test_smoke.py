@@ -50,8 +50,14 @@ def test_serve_script_stops_the_server_cleanly_on_a_signal(tmp_path, signum):
         server_pid = next(pid for pid in tree if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
                           .endswith(b"tritonserver"))
         assert len([pid for pid in tree if is_alive(pid)]) >= 4  # the server and a stub per model
+        # what the script's signal state was, for a failure's message (blocked, ignored, caught: bit masks)
+        state = [line.strip() for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                 if line.startswith(("SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd"))]
         proc.send_signal(signum)
-        assert proc.wait(timeout=60) == 0
+        try:
+            assert proc.wait(timeout=60) == 0
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"serve.py did not stop within 60 s of signal {signum}; its signal state: {state}")
         for pid in tree:
             assert not is_alive(pid), f"process {pid} outlived serve.py"
         assert log.read_text().count("successfully unloaded") == len(MODELS)
