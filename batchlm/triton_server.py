@@ -8,6 +8,7 @@ started, even when the server hangs on shutdown.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
 import shutil
@@ -203,6 +204,37 @@ class TritonServer:
             if argv[0].endswith("triton_python_backend_stub") and len(argv) > 1:
                 found[pid] = Path(argv[1]).parents[1].name
         return found
+
+    def drain(self, timeout: float = 60.0) -> list[str]:
+        """Unload every loaded model and wait until none is left; return the ones unloaded.
+
+        Needs explicit model control (`--model-control-mode=explicit`; tritonserver refuses an unload
+        otherwise). Parked and waiting requests are answered UNAVAILABLE, running ones finish. Call it
+        before stop() when HTTP clients may have requests parked in static_batching: on SIGTERM
+        tritonserver first waits, up to its exit timeout, for every open HTTP connection to close, and a
+        parked request's connection stays open, even after its client has died, until the model answers
+        it, which it does only at unload; so the server waits out its exit timeout and exits without
+        unloading anything."""
+        base = f"http://{self.http_url}/v2/repository"
+
+        def post(path: str) -> bytes:
+            request = urllib.request.Request(f"{base}/{path}", data=b"{}", method="POST")
+            with urllib.request.urlopen(request, timeout=timeout) as r:
+                return r.read()
+
+        def loaded() -> list[str]:
+            return [m["name"] for m in json.loads(post("index"))
+                    if m.get("state") in ("READY", "LOADING", "UNLOADING")]
+
+        names = loaded()
+        for name in names:
+            post(f"models/{name}/unload")
+        deadline = time.monotonic() + timeout
+        while (left := loaded()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if left:
+            raise TimeoutError(f"models still loaded {timeout:.0f} s after their unload: {left}")
+        return names
 
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM the server (it unloads models, which stops their threads), then kill what is left."""

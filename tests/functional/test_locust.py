@@ -158,9 +158,13 @@ def small_server(tmp_path_factory):
     base = tmp_path_factory.mktemp("overload")
     srv = TritonServer(model_repository=overload_repository(base / "model_repository"),
                        http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                       log_path=base / "server.log")
+                       log_path=base / "server.log",
+                       extra_args=("--model-control-mode=explicit", "--load-model=*"))
     srv.start(timeout=300)
     yield srv
+    # NOTE: the /infer step load leaves requests of killed Locust users parked in static_batching, whose
+    # HTTP connections a SIGTERM would wait for until its exit timeout (15 s here); unload first.
+    srv.drain()
     srv.stop()
 
 

@@ -1,6 +1,7 @@
 """static_batching holds requests until a full batch of 8 is waiting, then answers all of them."""
 
 import json
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -164,3 +165,49 @@ def test_sigterm_right_after_load_exits_cleanly(tmp_path):
     text = log.read_text()
     assert process.returncode == 0 and "lock_exception" not in text, text[-3000:]
     assert "successfully unloaded 'static_batching'" in text
+
+
+def test_drain_answers_parked_http_requests_so_sigterm_exits_at_once(tmp_path):
+    """On SIGTERM tritonserver first waits, up to its exit timeout, for every open HTTP connection to
+    close. A request parked in static_batching keeps its connection open, even when its client has
+    died, until the model answers it, which it does only at unload: without drain() the server waited
+    out its 15 s exit timeout, exited 1 with the model still loaded, and the parked clients got their
+    connection closed with no answer. drain() unloads first: every parked client is answered
+    UNAVAILABLE, and the SIGTERM after it finds nothing to wait for."""
+    log = tmp_path / "server.log"
+    srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+                       extra_args=("--model-control-mode=explicit", "--load-model=static_batching"))
+    srv.start(timeout=300)
+    try:
+        body = json.dumps({"text_input": "parked", "max_tokens": 4})
+        dead = subprocess.Popen(["curl", "-s", f"http://{srv.http_url}/v2/models/static_batching/generate",
+                                 "-d", body], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with ThreadPoolExecutor(2) as pool:
+            parked = [pool.submit(_send, srv, i, protocol) for i, protocol in enumerate(("infer", "http"))]
+            time.sleep(2.0)
+            dead.kill()  # a client that died with its request parked
+            dead.wait(timeout=10)
+            assert not any(f.done() for f in parked)
+            assert srv.drain() == ["static_batching"]
+            answers = [_failure(f) for f in parked]
+        # NOTE: only plain values are kept: a failed request's exception holds its client's socket
+        # open, and an open HTTP connection is what a SIGTERM waits for
+        del parked
+        for protocol, (status, message) in zip(("infer", "http"), answers):
+            assert status in UNAVAILABLE[protocol] and "unloaded" in message, (protocol, status, message)
+        process = srv.process
+        started = time.monotonic()
+        srv.stop()
+        took = time.monotonic() - started
+    finally:
+        srv.stop()
+    text = log.read_text()
+    assert process.returncode == 0 and "Exit timeout expired" not in text, text[-3000:]
+    assert took < srv.exit_timeout_s / 2, f"stop took {took:.1f} s{text[-3000:]}"
+
+
+def _failure(future) -> tuple[str, str]:
+    """The status and message of the RequestFailed that `future` ended with."""
+    with pytest.raises(RequestFailed) as info:
+        future.result(timeout=60)
+    return info.value.status, info.value.message
