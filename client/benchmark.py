@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException
 from client.arrivals import CLOSED, ArrivalSpec
 from client.metrics_timeline import MetricsTimeline, requests_per_execution, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
-from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
+from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect, config_via
 from client.workload import WorkloadRequest
 
 # NOTE: gRPC Python wakes every thread blocked on a call or stream every 0.1 s
@@ -106,7 +106,7 @@ class BenchmarkRun:
 def can_stream(llm: LLMClient, model: str, protocol: str = "http") -> bool:
     """Decoupled and accepts `stream: true` (a decoupled model may still refuse it); asked over
     `protocol`, so a server reachable on that one alone is enough."""
-    if not llm.is_decoupled(model):
+    if not llm.is_decoupled(model, config_via(protocol)):
         return False
     try:
         collect(llm.stream(protocol, model, "hello", 1, stream=True))
@@ -147,15 +147,16 @@ class Benchmark:
         """Send every request and wait for all answers; failures are recorded, not raised."""
         probe = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout)
         try:
-            if "num_output_tokens" not in probe.outputs(self.config.model):
+            via = config_via(self.config.protocol)
+            if "num_output_tokens" not in probe.outputs(self.config.model, via):
                 raise UnmeasurableModel(f"{self.config.model} has no num_output_tokens output: the benchmark "
                                         "counts each request's tokens from it")
-            problem = unfillable_batches(probe.model_config(self.config.model), len(requests), self.config.arrival)
+            problem = unfillable_batches(probe.model_config(self.config.model, via), len(requests), self.config.arrival)
             if problem is not None:
                 raise UnmeasurableModel(problem)
             if self.config.protocol == "grpc":
                 probe.check_grpc()  # NOTE: else an unreachable gRPC address fails every request, not the run
-            if self.config.protocol not in STREAMING_PROTOCOLS and probe.is_decoupled(self.config.model):
+            if self.config.protocol not in STREAMING_PROTOCOLS and probe.is_decoupled(self.config.model, via):
                 raise UnmeasurableModel(f"{self.config.model} is decoupled, and protocol {self.config.protocol!r} "
                                         f"(HTTP /infer) cannot reach it; use one of {STREAMING_PROTOCOLS}")
             if self.config.stream is None:

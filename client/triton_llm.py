@@ -120,6 +120,11 @@ class Result:
     chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk, from the start
 
 
+def config_via(protocol: str) -> str:
+    """The channel a request over `protocol` (PROTOCOLS) reads the model's config on: its own."""
+    return "grpc" if protocol == "grpc" else "http"
+
+
 def request_fields(prompt: str, max_tokens: int, **options) -> dict:
     """The JSON body / input set for one request; None-valued options are left out."""
     body = {"text_input": prompt, "max_tokens": int(max_tokens)}
@@ -139,21 +144,37 @@ class LLMClient:
         self.timeout = timeout
         self._http = requests.Session()
         self._grpc: grpcclient.InferenceServerClient | None = None
-        self._configs: dict[str, dict] = {}
+        self._configs: dict[tuple[str, str], dict] = {}  # (via, model) -> config
 
     # -- model metadata --------------------------------------------------------------------------
-    def model_config(self, model: str) -> dict:
-        if model not in self._configs:
-            r = self._http.get(f"http://{self.http_url}/v2/models/{model}/config", timeout=30)
-            _raise_for_http(r)
-            self._configs[model] = r.json()
-        return self._configs[model]
+    def model_config(self, model: str, via: str = "http") -> dict:
+        """The model's config as JSON, read over HTTP (`via="http"`) or gRPC (`via="grpc"`), and cached.
 
-    def is_decoupled(self, model: str) -> bool:
-        return bool(self.model_config(model).get("model_transaction_policy", {}).get("decoupled"))
+        gRPC requests read it over gRPC, so a client that only asks over gRPC needs no HTTP port and
+        holds no HTTP connection open: an open one, even idle, makes tritonserver's SIGTERM wait out its
+        exit timeout and exit without unloading its models (README, "Errors, overload and shutdown").
+        The two carry the fields read here alike; gRPC's leaves out fields at their default value."""
+        if (via, model) not in self._configs:
+            if via == "grpc":
+                try:
+                    config = self.grpc.get_model_config(model, as_json=True, client_timeout=30.0)["config"]
+                except InferenceServerException as exc:
+                    raise _grpc_failure(exc) from None
+                config["max_batch_size"] = int(config.get("max_batch_size", 0))
+            elif via == "http":
+                r = self._http.get(f"http://{self.http_url}/v2/models/{model}/config", timeout=30)
+                _raise_for_http(r)
+                config = r.json()
+            else:
+                raise ValueError(f"via must be 'http' or 'grpc', got {via!r}")
+            self._configs[(via, model)] = config
+        return self._configs[(via, model)]
 
-    def outputs(self, model: str) -> set[str]:
-        return {o["name"] for o in self.model_config(model).get("output", [])}
+    def is_decoupled(self, model: str, via: str = "http") -> bool:
+        return bool(self.model_config(model, via).get("model_transaction_policy", {}).get("decoupled"))
+
+    def outputs(self, model: str, via: str = "http") -> set[str]:
+        return {o["name"] for o in self.model_config(model, via).get("output", [])}
 
     def answer(self, protocol: str, model: str, prompt: str, max_tokens: int, **options) -> Result:
         """One whole answer over `protocol` (PROTOCOLS): `generate`, `infer_grpc` or `infer_http`."""
@@ -173,11 +194,11 @@ class LLMClient:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         return asks[protocol](model, prompt, max_tokens, **options)
 
-    def _fields(self, model: str, prompt: str, max_tokens: int, **options) -> dict:
-        """The request's fields, each one an input the model declares; else RequestFailed("client", ...)
-        naming the model's inputs."""
+    def _fields(self, model: str, prompt: str, max_tokens: int, via: str = "http", **options) -> dict:
+        """The request's fields, each one an input the model declares (its config read `via` HTTP or
+        gRPC); else RequestFailed("client", ...) naming the model's inputs."""
         fields = request_fields(prompt, max_tokens, **options)
-        declared = {i["name"] for i in self.model_config(model).get("input", [])}
+        declared = {i["name"] for i in self.model_config(model, via).get("input", [])}
         unknown = sorted(set(fields) - declared)
         if unknown:
             raise RequestFailed("client", f"{model} has no input {', '.join(map(repr, unknown))}; "
@@ -245,8 +266,8 @@ class LLMClient:
 
     def stream_grpc(self, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
         """gRPC bidirectional stream (decoupled models): yield each response as it arrives."""
-        inputs = grpc_inputs(self._fields(model, prompt, max_tokens, **options),
-                             self.model_config(model))
+        inputs = grpc_inputs(self._fields(model, prompt, max_tokens, "grpc", **options),
+                             self.model_config(model, "grpc"))
         responses: queue.Queue = queue.Queue()
         self.grpc.start_stream(callback=lambda result, error: responses.put((result, error)),
                                stream_timeout=self.timeout)
@@ -283,10 +304,10 @@ class LLMClient:
     def infer_grpc(self, model: str, prompt: str, max_tokens: int, **options) -> Result:
         """A whole answer over gRPC: the stream API for decoupled models, infer() otherwise."""
         start = time.perf_counter()
-        if self.is_decoupled(model):
+        if self.is_decoupled(model, "grpc"):
             return collect(self.stream_grpc(model, prompt, max_tokens, **options), start)
-        inputs = grpc_inputs(self._fields(model, prompt, max_tokens, **options),
-                             self.model_config(model))
+        inputs = grpc_inputs(self._fields(model, prompt, max_tokens, "grpc", **options),
+                             self.model_config(model, "grpc"))
         try:
             result = self.grpc.infer(model, inputs, client_timeout=self.timeout)
         except InferenceServerException as exc:

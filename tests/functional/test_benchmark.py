@@ -178,8 +178,8 @@ def test_cli_without_a_server_says_so_in_one_line(capsys, command):
 
 @pytest.mark.parametrize("model", ["continuous_batching", "dynamic_batching"])
 def test_cli_and_benchmark_say_so_when_only_grpc_is_unreachable(server, capsys, tmp_path, model):
-    """The HTTP address answers (the model's config comes from it) and nothing listens on the gRPC one:
-    one line, status 2, as when no server answers at all. Before, a stream raised tritonclient's
+    """The HTTP address answers and nothing listens on the gRPC one: one line, status 2, as when no
+    server answers at all. Before, a stream raised tritonclient's
     "stream is no longer in valid state" as a traceback, and the benchmark ran and failed every request."""
     nowhere = f"127.0.0.1:{free_port()}"
     code = cli_main(["--http", server.http_url, "--grpc", nowhere, "generate", model, "hi", "--protocol", "grpc"])
@@ -192,6 +192,18 @@ def test_cli_and_benchmark_say_so_when_only_grpc_is_unreachable(server, capsys, 
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: cannot reach the server"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("model", ["continuous_batching", "dynamic_batching"])
+def test_cli_asks_over_grpc_with_nothing_on_the_http_address(server, capsys, model):
+    """A gRPC request reads the model's config over gRPC, so the gRPC port alone is enough (and the
+    client holds no HTTP connection open, which would keep a SIGTERM waiting). Before, the config came
+    over HTTP, and this failed with "cannot reach the server"."""
+    nowhere = f"127.0.0.1:{free_port()}"
+    code = cli_main(["--http", nowhere, "--grpc", server.grpc_url, "generate", model, "Hello", "--max-tokens", "5",
+                     "--ignore-eos", "--protocol", "grpc"])
+    captured = capsys.readouterr()
+    assert code == 0 and "output_tokens=5" in captured.out and "finish_reason=length" in captured.out, captured
 
 
 def test_cli_prints_a_refused_streams_message_and_a_timeout_in_one_line(server, capsys):

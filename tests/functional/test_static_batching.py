@@ -208,6 +208,33 @@ def test_drain_answers_parked_http_requests_so_sigterm_exits_at_once(tmp_path):
     assert process.returncode == 0, text[-3000:]
 
 
+def test_sigterm_answers_parked_grpc_requests_and_exits_at_once(tmp_path):
+    """gRPC requests parked in static_batching hold no HTTP connection, so a SIGTERM alone unloads the
+    model, which answers them UNAVAILABLE, and tritonserver exits 0 at once. Before, the project's client
+    read the model's config over HTTP even for a gRPC request and kept that connection open while it
+    waited: the SIGTERM waited out the 15 s exit timeout, exited 1 and unloaded nothing."""
+    log = tmp_path / "server.log"
+    srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+                       extra_args=("--model-control-mode=explicit", "--load-model=static_batching"))
+    srv.start(timeout=300)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            parked = [pool.submit(_send, srv, i, "grpc") for i in range(3)]
+            time.sleep(2.0)
+            assert not any(f.done() for f in parked)
+            process = srv.process
+            srv.stop()
+            answers = [_failure(f) for f in parked]
+        del parked
+    finally:
+        srv.stop()
+    for status, message in answers:
+        assert status in UNAVAILABLE["grpc"] and "unloaded" in message, (status, message)
+    text = log.read_text()
+    assert "HTTP service connections" not in text and "Exit timeout expired" not in text, text[-3000:]
+    assert "successfully unloaded 'static_batching'" in text and process.returncode == 0, text[-3000:]
+
+
 def _failure(future) -> tuple[str, str]:
     """The status and message of the RequestFailed that `future` ended with."""
     with pytest.raises(RequestFailed) as info:
