@@ -75,6 +75,8 @@ class TritonServer:
     grpc_port: int = 8001
     metrics_port: int = 8002
     log_path: Path | None = None
+    # With no log_path: True sends the server's output to this process's stdout and stderr, False drops it.
+    show_output: bool = False
     extra_args: tuple[str, ...] = ()
     install: TritonInstall | None = None
     # On SIGTERM: the most seconds tritonserver waits for requests in flight to end and models to unload
@@ -133,7 +135,7 @@ class TritonServer:
 
     def start(self, timeout: float = 180.0) -> "TritonServer":
         """Start the server and wait until it reports ready; raise with the log tail if it does not."""
-        out = subprocess.DEVNULL
+        out = None if self.show_output else subprocess.DEVNULL
         if self.log_path is not None:
             self._log_file = open(self.log_path, "ab")
             self._log_start = self._log_file.tell()
@@ -292,6 +294,80 @@ def process_tree(root: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def with_model_control(extra: list[str] | tuple[str, ...]) -> tuple[list[str], bool]:
+    """tritonserver arguments `extra` with explicit model control and every model loaded at start added
+    where they choose no mode of their own; and whether the server will run in explicit model control,
+    where `TritonServer.drain()` can unload its models."""
+    extra = list(extra)
+    modes = [a.split("=", 1)[1] if "=" in a else None for a in extra if a.startswith("--model-control-mode")]
+    if not modes:
+        return ["--model-control-mode=explicit", "--load-model=*", *extra], True
+    if modes[-1] is None:  # NOTE: `--model-control-mode explicit`, two arguments
+        index = max(i for i, a in enumerate(extra) if a == "--model-control-mode")
+        modes[-1] = extra[index + 1] if index + 1 < len(extra) else ""
+    return extra, modes[-1] == "explicit"
+
+
+def serve_until_signalled(server: TritonServer, drainable: bool, drain_timeout: float = 60.0,
+                          start_timeout: float = 900.0) -> int:
+    """Start `server`, print a ready line, and serve until SIGINT, SIGTERM or SIGHUP; then drain it where
+    `drainable` (at most `drain_timeout` s; a second signal skips the rest) and stop it. Return 0, or the
+    server's status if it ended by itself; raise as `TritonServer.start` does if it is not ready within
+    `start_timeout` s. Progress goes to stderr, prefixed `serve:`.
+
+    Draining first matters: on SIGTERM tritonserver waits, up to its exit timeout, for every open HTTP
+    connection to close before it unloads anything, and a request parked in static_batching keeps its
+    connection open until its model is unloaded (see `TritonServer.drain`)."""
+    exit_cleanly_on_sigterm()  # NOTE: SIGTERM's default action would end this process before server.stop()
+    # NOTE: the signals that stop the server must reach this process even when its parent handed it
+    # SIGINT ignored (a job started in the background by a shell without job control) or blocked. The
+    # server runs in a session of its own, so a terminal's Ctrl-C reaches this process only.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
+    status = 0
+    try:
+        try:
+            server.start(timeout=start_timeout)
+            print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",
+                  flush=True)
+            # NOTE: not signal.pause(): a signal that lands after Python's last check for pending signals
+            # and before pause() is entered leaves pause() waiting for the next one, and the server
+            # running. A pending signal's handler runs at the latest when this sleep ends.
+            while server.process.poll() is None:
+                time.sleep(0.5)
+            status = server.process.returncode or 1
+            _say(f"tritonserver exited by itself with status {server.process.returncode}")
+        except (KeyboardInterrupt, SystemExit):
+            if drainable and server.process is not None and server.process.poll() is None:
+                _drain(server, drain_timeout)
+    finally:
+        for signum in STOP_SIGNALS:  # NOTE: nothing may cut the stop short: it removes the stubs
+            signal.signal(signum, signal.SIG_IGN)
+        process = server.process
+        server.stop()
+        if status == 0 and process is not None and process.returncode:
+            _say(f"tritonserver exited with status {process.returncode} (its log says why)")
+    return status
+
+
+def _drain(server: TritonServer, timeout: float) -> None:
+    _say(f"draining: unloading every model (at most {timeout:.0f} s); signal again to stop at once")
+    try:
+        unloaded = server.drain(timeout=timeout)
+        _say(f"unloaded {', '.join(unloaded) or 'nothing'}; stopping")
+    except (KeyboardInterrupt, SystemExit):
+        _say("second signal: stopping without waiting for the drain")
+    except (TimeoutError, OSError) as exc:  # NOTE: urllib's URLError and HTTPError are OSErrors
+        _say(f"drain incomplete ({exc}); stopping")
+
+
+def _say(message: str) -> None:
+    print(f"serve: {message}", file=sys.stderr, flush=True)
 
 
 def exit_cleanly_on_sigterm() -> None:

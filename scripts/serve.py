@@ -1,25 +1,31 @@
 #!/usr/bin/env python
-"""Serve the model repository with a real tritonserver until interrupted.
+"""Serve the model repository with a real tritonserver until a signal drains and stops it.
 
-    python scripts/serve.py [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+    python scripts/serve.py [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--log FILE]
+                            [--drain-timeout 60] [-- extra tritonserver arguments]
 
-Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT. `make serve` runs the set-up first.
+Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT. `make serve` runs the set-up first. The
+server's log goes to this terminal, or with `--log` to that file.
 
-Without `--log` this process becomes tritonserver (its log on the terminal; it handles SIGINT and SIGTERM
-itself). With `--log` it starts the server and waits: SIGINT, SIGTERM or SIGHUP stop the server, which
-unloads its models, and then this script removes what the server's stubs left (shared-memory regions,
-instance claims) and exits 0.
+The server runs in explicit model control with every model loaded at start
+(`--model-control-mode=explicit --load-model=*`), unless the extra arguments choose a mode. SIGINT,
+SIGTERM or SIGHUP drain it: every model is unloaded through the repository API, so requests parked in
+static_batching or waiting in a queue are answered UNAVAILABLE and running ones finish; then the server
+gets its SIGTERM. A second signal while draining stops it at once. In another model control mode the
+repository API refuses unloads, and the server gets its SIGTERM at once. Then this script removes what
+the server's stubs left (shared-memory regions, instance claims) and exits 0; if the server ends by
+itself, the script exits with the server's status.
 """
 
 import argparse
 import os
-import signal
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from batchlm.triton_server import DEFAULT_REPOSITORY, TritonServer, exit_cleanly_on_sigterm  # noqa: E402
+from batchlm.triton_server import (  # noqa: E402
+    DEFAULT_REPOSITORY, TritonServer, serve_until_signalled, with_model_control,
+)
 
 
 def main() -> int:
@@ -29,39 +35,18 @@ def main() -> int:
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     ap.add_argument("--log", type=Path, default=None, help="write the server log here (default: terminal)")
+    ap.add_argument("--drain-timeout", type=float, default=60.0,
+                    help="seconds a signal waits for the models to unload before stopping anyway")
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args()
 
+    extra, drainable = with_model_control(args.extra)
     server = TritonServer(
         model_repository=args.model_repository.resolve(), http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
-        extra_args=tuple(args.extra),
+        show_output=args.log is None, extra_args=tuple(extra),
     )
-    if args.log is None:
-        # Foreground: the server's own log goes to this terminal.
-        os.execve(server.command()[0], server.command(), server.environment())
-    exit_cleanly_on_sigterm()  # NOTE: SIGTERM's default action would end this process before server.stop()
-    # NOTE: the signals this script stops on must reach it even when its parent handed it SIGINT ignored
-    # (a job started in the background by a shell without job control) or blocked.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-    try:
-        server.start()
-        print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",
-              flush=True)
-        # NOTE: not signal.pause(): a signal that lands after Python's last check for pending signals and
-        # before pause() is entered leaves pause() waiting for the next one, and the server running. (A
-        # candidate cause, not reproduced, of a clean `make test` in which a SIGINT sent right after the
-        # ready line stopped nothing.) A pending signal's handler runs at the latest when this sleep ends.
-        while True:
-            time.sleep(0.5)
-    except (KeyboardInterrupt, SystemExit):
-        pass
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the stop short
-            signal.signal(signum, signal.SIG_IGN)
-        server.stop()
-    return 0
+    return serve_until_signalled(server, drainable, args.drain_timeout)
 
 
 if __name__ == "__main__":

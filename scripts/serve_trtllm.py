@@ -10,7 +10,8 @@ batching, side by side, on one tritonserver (NGC's `tritonserver:24.10-trtllm-py
 2. Writes a model repository under `--out` (never into the tracked folders): `model_repository/`'s three
    models with `device` set to `--device`, and `docker/trtllm/model_repository/`'s two with the engine's
    folder filled into `tensorrt_llm`'s `gpt_model_path`.
-3. Runs tritonserver over it in the foreground. Ports as for scripts/serve.py.
+3. Serves it as scripts/serve.py does (explicit model control, every model loaded; a signal drains the
+   server, then stops it). Ports as for scripts/serve.py.
 Clients send the same requests to `continuous_batching_trtllm` as to `continuous_batching`; the serving
 benchmark measures either (`scripts/benchmark.py continuous_batching_trtllm --concurrency 32`).
 """
@@ -25,7 +26,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from batchlm.triton_server import DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServer  # noqa: E402
+from batchlm.triton_server import (  # noqa: E402
+    DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServer, serve_until_signalled, with_model_control,
+)
 
 TRTLLM_REPOSITORY = PROJECT_ROOT / "docker" / "trtllm" / "model_repository"
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")
@@ -79,9 +82,10 @@ def main() -> int:
         print(repository)
         return 0
     ensure_engine(args.engine_dir, args.trtllm_python, args.rebuild)
+    extra, drainable = with_model_control([])
     server = TritonServer(model_repository=repository, http_port=args.http_port, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port)
-    os.execve(server.command()[0], server.command(), server.environment())
+                          metrics_port=args.metrics_port, show_output=True, extra_args=tuple(extra))
+    return serve_until_signalled(server, drainable)
 
 
 if __name__ == "__main__":

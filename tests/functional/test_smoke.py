@@ -4,6 +4,8 @@ HTTP generate and gRPC."""
 import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import requests
 
 from batchlm.serving.instance_claim import default_folder
 from batchlm.triton_server import PROJECT_ROOT, free_port, process_tree
+from client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import is_alive
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
@@ -32,20 +35,27 @@ def test_answers_over_http_and_grpc(llm, name):
     assert http.text == grpc.text and http.text
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_serve_script_stops_the_server_cleanly_on_a_signal(tmp_path, signum):
-    """`scripts/serve.py --log`, stopped as a service manager or a terminal stops it: tritonserver unloads
-    every model, and nothing of the server outlives the script (stubs, shared memory, instance claims).
-    Before, SIGTERM killed the script at once: no model unloaded, the stubs lingered, and their
-    shared-memory regions and claim files stayed behind."""
+@pytest.mark.parametrize("signum, foreground", [(signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, foreground):
+    """`scripts/serve.py`, stopped as a service manager (SIGTERM, log to a file) or a terminal (SIGINT, log
+    on its stdout) stops it, with two HTTP requests parked in static_batching: they are answered
+    UNAVAILABLE, tritonserver unloads every model and exits without waiting out its exit timeout, and
+    nothing of the server outlives the script (stubs, shared memory, instance claims). Before, the
+    parked requests' open connections made the server wait out its exit timeout, exit 1 and unload
+    nothing, and their clients got no answer; earlier still, SIGTERM killed the script at once and left
+    the stubs, their shared-memory regions and their claim files behind."""
     shm_before = set(Path("/dev/shm").iterdir())
-    log = tmp_path / "server.log"
+    out, log = tmp_path / "stdout.txt", tmp_path / "server.log"
     ports = [str(free_port()) for _ in range(3)]
-    proc = subprocess.Popen([sys.executable, "scripts/serve.py", "--http-port", ports[0], "--grpc-port", ports[1],
-                             "--metrics-port", ports[2], "--log", str(log)], cwd=PROJECT_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = [sys.executable, "scripts/serve.py", "--http-port", ports[0], "--grpc-port", ports[1],
+               "--metrics-port", ports[2], *([] if foreground else ["--log", str(log)])]
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        assert "tritonserver ready" in proc.stdout.readline()
+        deadline = time.monotonic() + 300
+        while "tritonserver ready" not in out.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text(errors="replace")[-3000:]
+            time.sleep(0.25)
         tree = process_tree(proc.pid)
         server_pid = next(pid for pid in tree if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
                           .endswith(b"tritonserver"))
@@ -53,17 +63,39 @@ def test_serve_script_stops_the_server_cleanly_on_a_signal(tmp_path, signum):
         # what the script's signal state was, for a failure's message (blocked, ignored, caught: bit masks)
         state = [line.strip() for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
                  if line.startswith(("SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd"))]
-        proc.send_signal(signum)
-        try:
-            assert proc.wait(timeout=60) == 0
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"serve.py did not stop within 60 s of signal {signum}; its signal state: {state}")
+        with ThreadPoolExecutor(2) as pool:
+            parked = [pool.submit(_parked_answer, f"127.0.0.1:{ports[0]}", i) for i in range(2)]
+            time.sleep(2.0)
+            assert not any(f.done() for f in parked)
+            proc.send_signal(signum)
+            try:
+                assert proc.wait(timeout=60) == 0, out.read_text(errors="replace")[-3000:]
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"serve.py did not stop within 60 s of signal {signum}; its signal state: {state}")
+            answers = [f.result(timeout=10) for f in parked]
+        for status, message in answers:
+            assert status == "503" and "unloaded before a full batch" in message, (status, message)
         for pid in tree:
             assert not is_alive(pid), f"process {pid} outlived serve.py"
-        assert log.read_text().count("successfully unloaded") == len(MODELS)
+        text = (out if foreground else log).read_text(errors="replace")
+        assert text.count("successfully unloaded") == len(MODELS), text[-3000:]
+        assert "Exit timeout expired" not in text and "HTTP service connections" not in text, text[-3000:]
         assert not list(default_folder().glob(f"{server_pid}-*")), "instance claims left behind"
         assert not [p for p in set(Path("/dev/shm").iterdir()) - shm_before if p.name.startswith("batchlm_")]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _parked_answer(http_url: str, i: int) -> tuple[str, str]:
+    """A request to static_batching over HTTP /infer, parked until the batch fills or the model goes:
+    the status and message it fails with."""
+    client = LLMClient(http_url, timeout=120)
+    try:
+        client.infer_http("static_batching", f"parked {i}", max_tokens=4)
+    except RequestFailed as exc:
+        return exc.status, exc.message
+    finally:
+        client.close()
+    return "200", "answered"
