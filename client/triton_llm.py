@@ -125,6 +125,14 @@ def config_via(protocol: str) -> str:
     return "grpc" if protocol == "grpc" else "http"
 
 
+def grpc_model_config(triton: grpcclient.InferenceServerClient, model: str, timeout: float) -> dict:
+    """The model's config over gRPC, as JSON with `max_batch_size` a number (0 where it is left out, as
+    protobuf's JSON leaves out every field at its default)."""
+    config = triton.get_model_config(model, as_json=True, client_timeout=timeout)["config"]
+    config["max_batch_size"] = int(config.get("max_batch_size", 0))
+    return config
+
+
 def request_fields(prompt: str, max_tokens: int, **options) -> dict:
     """The JSON body / input set for one request; None-valued options are left out."""
     body = {"text_input": prompt, "max_tokens": int(max_tokens)}
@@ -157,10 +165,9 @@ class LLMClient:
         if (via, model) not in self._configs:
             if via == "grpc":
                 try:
-                    config = self.grpc.get_model_config(model, as_json=True, client_timeout=30.0)["config"]
+                    config = grpc_model_config(self.grpc, model, timeout=30.0)
                 except InferenceServerException as exc:
                     raise _grpc_failure(exc) from None
-                config["max_batch_size"] = int(config.get("max_batch_size", 0))
             elif via == "http":
                 r = self._http.get(f"http://{self.http_url}/v2/models/{model}/config", timeout=30)
                 _raise_for_http(r)

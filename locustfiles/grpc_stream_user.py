@@ -25,7 +25,7 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 import common  # noqa: E402
-from client.triton_llm import chunk_from_grpc, grpc_inputs  # noqa: E402
+from client.triton_llm import chunk_from_grpc, grpc_inputs, grpc_model_config  # noqa: E402
 
 
 class TritonGrpcStreamUser(User):
@@ -45,15 +45,12 @@ class TritonGrpcStreamUser(User):
         url = self.host.split("://", 1)[-1]  # tritonclient takes host:port, no scheme
         self.triton = grpcclient.InferenceServerClient(url)
         try:
-            config = self.triton.get_model_config(self.options.model, as_json=True,
-                                                  client_timeout=self.options.request_timeout)["config"]
+            self.config = grpc_model_config(self.triton, self.options.model, self.options.request_timeout)
         except BaseException:
             # NOTE: Locust does not call on_stop for a user whose on_start failed, and an open channel
             # keeps the process from exiting after the run (server unreachable, unknown model).
             self.on_stop()
             raise
-        config["max_batch_size"] = int(config.get("max_batch_size", 0))  # batched: inputs get a batch dimension
-        self.config = config
 
     def on_stop(self) -> None:
         if self.triton is not None:

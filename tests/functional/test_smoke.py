@@ -1,6 +1,7 @@
 """Issue 2's smoke test: the repository loads in a real tritonserver and every model answers over
 HTTP generate and gRPC."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -51,6 +52,7 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
                "--metrics-port", ports[2], *([] if foreground else ["--log", str(log)])]
     with open(out, "wb") as sink:
         proc = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    tree: list[int] = []
     try:
         deadline = time.monotonic() + 300
         while "tritonserver ready" not in out.read_text(errors="replace"):
@@ -82,10 +84,17 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
         assert "Exit timeout expired" not in text and "HTTP service connections" not in text, text[-3000:]
         assert not list(default_folder().glob(f"{server_pid}-*")), "instance claims left behind"
         assert not [p for p in set(Path("/dev/shm").iterdir()) - shm_before if p.name.startswith("batchlm_")]
-    finally:
+    finally:  # NOTE: on a failure, leave nothing behind for the tests after this one
+        left = process_tree(proc.pid) + tree
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pid in left:
+            if is_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for region in set(Path("/dev/shm").iterdir()) - shm_before:
+            if region.name.startswith("batchlm_"):
+                region.unlink(missing_ok=True)
 
 
 def _parked_answer(http_url: str, i: int) -> tuple[str, str]:
