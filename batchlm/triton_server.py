@@ -316,9 +316,9 @@ def with_model_control(extra: list[str] | tuple[str, ...]) -> tuple[list[str], b
 def serve_until_signalled(server: TritonServer, drainable: bool, drain_timeout: float = 60.0,
                           start_timeout: float = 900.0) -> int:
     """Start `server`, print a ready line, and serve until SIGINT, SIGTERM or SIGHUP; then drain it where
-    `drainable` (at most `drain_timeout` s; a second signal skips the rest) and stop it. Return 0, or the
-    server's status if it ended by itself; raise as `TritonServer.start` does if it is not ready within
-    `start_timeout` s. Progress goes to stderr, prefixed `serve:`.
+    `drainable` (at most `drain_timeout` s; a second signal skips the rest) and stop it. Return 0; the
+    server's status if it ended by itself; 1 if it exited or was not ready within `start_timeout` s at
+    start (said in one line). Progress goes to stderr, prefixed `serve:`.
 
     Draining first matters: on SIGTERM tritonserver waits, up to its exit timeout, for every open HTTP
     connection to close before it unloads anything, and a request parked in static_batching keeps its
@@ -332,7 +332,11 @@ def serve_until_signalled(server: TritonServer, drainable: bool, drain_timeout: 
     status = 0
     try:
         try:
-            server.start(timeout=start_timeout)
+            try:
+                server.start(timeout=start_timeout)
+            except (RuntimeError, TimeoutError) as exc:  # NOTE: the server's own log has said why
+                _say(f"not serving: {exc}")
+                return 1
             print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",
                   flush=True)
             # NOTE: not signal.pause(): a signal that lands after Python's last check for pending signals

@@ -3,6 +3,7 @@ HTTP generate and gRPC."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -95,6 +96,27 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
         for region in set(Path("/dev/shm").iterdir()) - shm_before:
             if region.name.startswith("batchlm_"):
                 region.unlink(missing_ok=True)
+
+
+def test_serve_script_says_in_one_line_why_it_is_not_serving(tmp_path):
+    """A port already taken: tritonserver's log says so and exits 1 before it is ready; the script exits
+    1 with one line of its own on stderr (not a traceback) and leaves nothing behind."""
+    shm_before = set(Path("/dev/shm").iterdir())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = [str(taken.getsockname()[1]), str(free_port()), str(free_port())]
+        out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+        with open(out, "wb") as out_sink, open(err, "wb") as err_sink:
+            proc = subprocess.run([sys.executable, "scripts/serve.py", "--http-port", ports[0], "--grpc-port",
+                                   ports[1], "--metrics-port", ports[2]], cwd=PROJECT_ROOT,
+                                  stdout=out_sink, stderr=err_sink, timeout=300)
+    text = err.read_text(errors="replace")
+    assert proc.returncode == 1 and "Traceback" not in text, text
+    assert [line for line in text.splitlines() if line.startswith("serve:")] == [
+        "serve: not serving: tritonserver exited with 1"], text
+    assert "already in use" in out.read_text(errors="replace")  # the server's log, on the script's stdout
+    assert not [p for p in set(Path("/dev/shm").iterdir()) - shm_before if p.name.startswith("batchlm_")]
 
 
 def _parked_answer(http_url: str, i: int) -> tuple[str, str]:
