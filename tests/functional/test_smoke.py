@@ -39,10 +39,11 @@ def test_answers_over_http_and_grpc(llm, name):
 
 @pytest.mark.parametrize("signum, foreground", [(signal.SIGTERM, False), (signal.SIGINT, True)])
 def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, foreground):
-    """`scripts/serve.py`, stopped as a service manager (SIGTERM, log to a file) or a terminal (SIGINT, log
-    on its stdout) stops it, with two HTTP requests parked in static_batching: they are answered
-    UNAVAILABLE, tritonserver unloads every model and exits without waiting out its exit timeout, and
-    nothing of the server outlives the script (stubs, shared memory, instance claims). Before, the
+    """Signalled as a service manager (SIGTERM, log to a file) or a terminal (SIGINT, log on its stdout)
+    signals it, with two HTTP requests parked in static_batching, `scripts/serve.py` drains and stops
+    the server: the parked requests are answered UNAVAILABLE, tritonserver unloads every model and exits
+    without waiting out its exit timeout, and nothing of the server outlives the script (stubs, shared
+    memory, instance claims). Before, the
     parked requests' open connections made the server wait out its exit timeout, exit 1 and unload
     nothing, and their clients got no answer; earlier still, SIGTERM killed the script at once and left
     the stubs, their shared-memory regions and their claim files behind."""
