@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from batchlm.serving.instance_claim import default_folder
+from batchlm.serving.instance_claim import clear_claims, default_folder
 from batchlm.triton_server import PROJECT_ROOT, free_port, process_tree
 from client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import is_alive
@@ -94,6 +94,7 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
         for pid in left:
             if is_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+            clear_claims(pid)  # NOTE: the server's among them names its stubs' instance claims
         for region in set(Path("/dev/shm").iterdir()) - shm_before:
             if region.name.startswith("batchlm_"):
                 region.unlink(missing_ok=True)
