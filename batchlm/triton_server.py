@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -78,6 +79,9 @@ class TritonServer:
     # With no log_path: True sends the server's output to this process's stdout and stderr, False drops it.
     show_output: bool = False
     extra_args: tuple[str, ...] = ()
+    # A header (name, value) that drain() sends: the one the server's repository API is restricted to
+    # (`--http-restricted-api`), if it is.
+    admin_header: tuple[str, str] | None = None
     install: TritonInstall | None = None
     # On SIGTERM: the most seconds tritonserver waits for requests in flight to end and models to unload
     # before it exits anyway (Triton's --exit-timeout-secs).
@@ -219,8 +223,10 @@ class TritonServer:
         unloading anything."""
         base = f"http://{self.http_url}/v2/repository"
 
+        headers = dict([self.admin_header]) if self.admin_header else {}
+
         def post(path: str) -> bytes:
-            request = urllib.request.Request(f"{base}/{path}", data=b"{}", method="POST")
+            request = urllib.request.Request(f"{base}/{path}", data=b"{}", method="POST", headers=headers)
             with urllib.request.urlopen(request, timeout=timeout) as r:
                 return r.read()
 
@@ -299,18 +305,31 @@ def process_tree(root: int) -> list[int]:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def with_model_control(extra: list[str] | tuple[str, ...]) -> tuple[list[str], bool]:
-    """tritonserver arguments `extra` with explicit model control and every model loaded at start added
-    where they choose no mode of their own; and whether the server will run in explicit model control,
-    where `TritonServer.drain()` can unload its models."""
+ADMIN_HEADER = "batchlm-admin"
+
+
+def with_model_control(extra: list[str] | tuple[str, ...]) -> tuple[list[str], bool, tuple[str, str] | None]:
+    """tritonserver arguments for the serve commands: `extra`, with explicit model control and every
+    model loaded at start added where `extra` chooses no mode of its own; whether the server will run in
+    explicit model control, where `TritonServer.drain()` can unload its models; and the header that
+    drain() must send, or None.
+
+    Where the mode is added here, the repository API (index, load, unload) is restricted, over HTTP and
+    gRPC, to requests that carry a header with a random value made for this server, so only the serve
+    command can unload models, as without explicit model control no client could. A mode chosen in
+    `extra` leaves the API as `extra` sets it."""
     extra = list(extra)
     modes = [a.split("=", 1)[1] if "=" in a else None for a in extra if a.startswith("--model-control-mode")]
     if not modes:
-        return ["--model-control-mode=explicit", "--load-model=*", *extra], True
+        token = secrets.token_hex(16)
+        return ["--model-control-mode=explicit", "--load-model=*",
+                f"--http-restricted-api=model-repository:{ADMIN_HEADER}={token}",
+                f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={token}", *extra], True, \
+            (ADMIN_HEADER, token)
     if modes[-1] is None:  # NOTE: `--model-control-mode explicit`, two arguments
         index = max(i for i, a in enumerate(extra) if a == "--model-control-mode")
         modes[-1] = extra[index + 1] if index + 1 < len(extra) else ""
-    return extra, modes[-1] == "explicit"
+    return extra, modes[-1] == "explicit", None
 
 
 def serve_until_signalled(server: TritonServer, drainable: bool, drain_timeout: float = 60.0,

@@ -8,7 +8,8 @@ Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT. `make serve` runs the s
 server's log goes to this terminal, or with `--log` to that file.
 
 The server runs in explicit model control with every model loaded at start
-(`--model-control-mode=explicit --load-model=*`), unless the extra arguments choose a mode. SIGINT,
+(`--model-control-mode=explicit --load-model=*`), its repository API restricted to this script (a
+header with a random value), unless the extra arguments choose a mode. SIGINT,
 SIGTERM or SIGHUP drain it: every model is unloaded through the repository API, so requests parked in
 static_batching or waiting in a queue are answered UNAVAILABLE and running ones finish; then the server
 gets its SIGTERM. A second signal while draining stops it at once. In another model control mode the
@@ -40,11 +41,11 @@ def main() -> int:
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args()
 
-    extra, drainable = with_model_control(args.extra)
+    extra, drainable, admin_header = with_model_control(args.extra)
     server = TritonServer(
         model_repository=args.model_repository.resolve(), http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
-        show_output=args.log is None, extra_args=tuple(extra),
+        show_output=args.log is None, extra_args=tuple(extra), admin_header=admin_header,
     )
     return serve_until_signalled(server, drainable, args.drain_timeout)
 

@@ -43,7 +43,7 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
     signals it, with two HTTP requests parked in static_batching, `scripts/serve.py` drains and stops
     the server: the parked requests are answered UNAVAILABLE, tritonserver unloads every model and exits
     without waiting out its exit timeout, and nothing of the server outlives the script (stubs, shared
-    memory, instance claims). Before, the
+    memory, instance claims). The repository API that drains it is refused to other clients. Before, the
     parked requests' open connections made the server wait out its exit timeout, exit 1 and unload
     nothing, and their clients got no answer; earlier still, SIGTERM killed the script at once and left
     the stubs, their shared-memory regions and their claim files behind."""
@@ -67,6 +67,14 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
         # what the script's signal state was, for a failure's message (blocked, ignored, caught: bit masks)
         state = [line.strip() for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
                  if line.startswith(("SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd"))]
+        # the repository API is the script's alone: a client cannot unload a model. (NOTE: connections
+        # closed by the server, or an open one would keep the SIGTERM below waiting.)
+        once = {"Connection": "close"}
+        refused = requests.post(f"http://127.0.0.1:{ports[0]}/v2/repository/models/static_batching/unload",
+                                headers=once, timeout=30)
+        assert refused.status_code == 403 and "restricted" in refused.text, refused.text
+        assert requests.get(f"http://127.0.0.1:{ports[0]}/v2/models/static_batching/ready", headers=once,
+                            timeout=30).ok
         with ThreadPoolExecutor(2) as pool:
             parked = [pool.submit(_parked_answer, f"127.0.0.1:{ports[0]}", i) for i in range(2)]
             time.sleep(2.0)
