@@ -322,10 +322,10 @@ def with_model_control(extra: list[str] | tuple[str, ...]) -> tuple[list[str], b
     modes = [a.split("=", 1)[1] if "=" in a else None for a in extra if a.startswith("--model-control-mode")]
     if not modes:
         token = secrets.token_hex(16)
-        return ["--model-control-mode=explicit", "--load-model=*",
-                f"--http-restricted-api=model-repository:{ADMIN_HEADER}={token}",
-                f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={token}", *extra], True, \
-            (ADMIN_HEADER, token)
+        added = ["--model-control-mode=explicit", "--load-model=*",
+                 f"--http-restricted-api=model-repository:{ADMIN_HEADER}={token}",
+                 f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={token}"]
+        return [*added, *extra], True, (ADMIN_HEADER, token)
     if modes[-1] is None:  # NOTE: `--model-control-mode explicit`, two arguments
         index = max(i for i, a in enumerate(extra) if a == "--model-control-mode")
         modes[-1] = extra[index + 1] if index + 1 < len(extra) else ""
