@@ -135,19 +135,24 @@ class StaticBatchingService:
     def _watch(self, is_ready: Callable[[], bool], is_superseded: Callable[[], bool], interval: float) -> None:
         """Every `interval` while requests are parked: close those whose clients cancelled, and fail the
         others once Triton stops reporting this model ready, or once a successor instance was loaded
-        (a reload; new requests go to it). The model is not ready while it loads either, so only a drop
-        after it has been seen ready counts.
+        (a reload; new requests go to it). The model is not ready while it loads, but no request is
+        parked then (Triton sends requests only to a ready model), so not ready with requests parked
+        always means an unload or a shutdown. (Until session 27 only a drop after a check had seen the
+        model ready counted; a check is made only with requests parked, so an unload within one
+        `interval` of the first requests ever parked left them parked and the unload never ended.)
 
         With nothing parked it asks nothing. Triton finalizes the instance only after every sender is
         closed, so a check can overlap finalize only while nothing is parked; one that did made
         tritonserver abort at shutdown (boost lock_exception in TRITONBACKEND_ModelInstanceFinalize,
         every time the server was stopped within 0.5 s of loading this model)."""
-        seen_ready = False
         while not self._stop_watch.wait(interval):
             with self._lock:
                 idle = not self._parked
             if idle:  # nothing to close or fail; and no call to the server that could overlap finalize
                 continue
+            # Metrics are buffered (ModelMetrics): with requests parked and nothing else recorded,
+            # push the waiting count now, or it reads the first of a burst until the next request
+            self._metrics.flush()
             self._drop_cancelled()
             if is_superseded():
                 self._fail_parked("reloaded")
@@ -157,9 +162,7 @@ class StaticBatchingService:
             except Exception as exc:  # noqa: BLE001 - the server is going away; treat as not ready
                 triton_io.log_verbose(f"{self._name}: readiness check failed: {exc!r}")
                 ready = False
-            if ready:
-                seen_ready = True
-            elif seen_ready:
+            if not ready:
                 self._fail_parked()
                 return
 

@@ -1,5 +1,6 @@
 """dynamic_batching: Triton forms the batches; a lone request runs after the queue delay."""
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -25,14 +26,39 @@ def _send(server, i):
         client.close()
 
 
+def _idle_stats(server, quiet_s: float = 1.0, timeout_s: float = 60.0):
+    """The model's stats once nothing is pending or running in it and its counts have not moved for
+    `quiet_s`: requests an earlier test left behind on the shared server are not counted as ours."""
+    deadline = time.monotonic() + timeout_s
+    last, since = None, time.monotonic()
+    while True:
+        stats = _stats(server)
+        pending = metric_value(server, "nv_inference_pending_request_count", MODEL) or 0
+        running = metric_value(server, "batchlm_running_requests", MODEL) or 0
+        if stats[:2] != last or pending or running:
+            last, since = stats[:2], time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return stats
+        assert time.monotonic() < deadline, f"{MODEL} never went idle: {pending} pending, {running} running"
+        time.sleep(0.1)
+
+
+def _batch_sizes(server) -> dict[int, int]:
+    r = requests.get(f"http://{server.http_url}/v2/models/{MODEL}/stats", timeout=10)
+    return {int(b["batch_size"]): int(b["compute_infer"]["count"])
+            for b in r.json()["model_stats"][0].get("batch_stats", [])}
+
+
 def test_concurrent_requests_share_executions(server):
-    inf0, exe0, _ = _stats(server)
+    inf0, exe0, _ = _idle_stats(server)
+    sizes0 = _batch_sizes(server)
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda i: _send(server, i), range(16)))
-    inf1, exe1, _ = _stats(server)
+    inf1, exe1, _ = _idle_stats(server)  # the last batch's counts are added after its answers are sent
+    sizes = {b: n - sizes0.get(b, 0) for b, n in _batch_sizes(server).items() if n != sizes0.get(b, 0)}
     assert all(r.num_output_tokens == 3 + i % 4 for i, r in enumerate(results))
-    assert inf1 - inf0 == 16
-    assert exe1 - exe0 < 16, "Triton ran every request alone: no batching happened"
+    assert inf1 - inf0 == 16, f"executions by batch size: {sizes}"
+    assert exe1 - exe0 < 16, f"Triton ran every request alone: no batching happened ({sizes})"
 
 
 def test_lone_request_waits_about_the_queue_delay(server):

@@ -22,9 +22,9 @@ PROTOCOLS = ("http", "infer", "grpc")
 UNAVAILABLE = {"http": ("400", "503"), "infer": ("503",), "grpc": ("StatusCode.UNAVAILABLE",)}
 
 
-def _send(server, i, protocol="http", max_tokens=None):
+def _send(server, i, protocol="http", max_tokens=None, timeout=300.0):
     """One request over `protocol`: "http" (/generate), "infer" (HTTP /infer) or "grpc" (ModelInfer)."""
-    client = LLMClient(server.http_url, server.grpc_url, timeout=300)
+    client = LLMClient(server.http_url, server.grpc_url, timeout=timeout)
     try:
         call = {"http": client.generate, "infer": client.infer_http, "grpc": client.infer_grpc}[protocol]
         result = call("static_batching", f"Request number {i} asks",
@@ -39,6 +39,9 @@ def test_nth_request_releases_the_batch(server):
         first = [pool.submit(_send, server, i, PROTOCOLS[i % 3]) for i in range(BATCH - 1)]
         time.sleep(3.0)
         assert not any(f.done() for f in first), "a request finished before the batch was full"
+        # Within a watchdog interval of the last one parked (before: the first of a burst, until the
+        # next record)
+        assert metric_value(server, "batchlm_waiting_requests", "static_batching") == BATCH - 1
         released_at = time.monotonic()
         last = pool.submit(_send, server, BATCH - 1)
         results = [f.result(timeout=120) for f in first + [last]]
@@ -75,6 +78,36 @@ def test_unload_fails_parked_requests_with_unavailable(server):
             assert e.status in UNAVAILABLE[protocol] and "unloaded" in e.message, (protocol, e)
     finally:
         _load(server)
+
+
+def test_an_unload_right_after_the_first_requests_park_fails_them(server):
+    """A fresh instance whose first requests are parked and then, within the watchdog's interval, the
+    model is unloaded: the parked requests get UNAVAILABLE and the unload ends. Before, the watchdog
+    counted a not-ready model only after one of its checks had seen it ready, and it checks only while
+    requests are parked, so these requests stayed parked and the unload never ended (their clients
+    gave up after 30 s)."""
+    _load(server)  # a reload: a new instance, whose watchdog has made no check yet
+    executions = _executions(server)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            parked = {protocol: pool.submit(_send, server, i, protocol, timeout=30)
+                      for i, protocol in enumerate(PROTOCOLS)}
+            deadline = time.monotonic() + 30
+            while _executions(server) - executions != 3:  # execute() parks a request and returns
+                assert time.monotonic() < deadline, "the requests were not parked"
+                time.sleep(0.01)
+            r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/unload", timeout=60)
+            assert r.status_code == 200
+            answers = {protocol: _failure(f) for protocol, f in parked.items()}
+        for protocol, (status, message) in answers.items():
+            assert status in UNAVAILABLE[protocol] and "unloaded before a full batch" in message, (protocol, message)
+    finally:
+        _load(server)
+
+
+def _executions(server) -> int:
+    r = requests.get(f"http://{server.http_url}/v2/models/static_batching/stats", timeout=10)
+    return int(r.json()["model_stats"][0]["execution_count"])
 
 
 def _load(server, config: dict | None = None) -> None:
