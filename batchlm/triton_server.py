@@ -60,11 +60,21 @@ class TritonInstall:
         )
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port() returned in this process
+
+
 def free_port() -> int:
-    """A TCP port that is free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port that is free on loopback right now, and not one this process was given before.
+
+    The kernel may hand out the port it just freed again: two calls in a row once gave one server the
+    same HTTP and metrics port, and tritonserver refused to start."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
