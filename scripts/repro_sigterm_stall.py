@@ -11,7 +11,7 @@ got the model's UNAVAILABLE answer. Otherwise the line says how the instance's s
 died is a zombie of tritonserver until it exits, and /proc gives its wait status (11: SIGSEGV).
 The server logs stay in the run's folder (--work), named on each line that did not stop clean.
 
-Session 27 (tritonserver 2.51, AMD EPYC, 2 cores): 6 of 119 SIGTERM stops hung, each because the
+Session 27 (tritonserver 2.51, AMD EPYC, 2 cores): 7 of 156 SIGTERM stops hung (0 of 12 drained), each because the
 stub died of SIGSEGV. With `faulthandler.enable(all_threads=True)` added at the top of the model's
 `model.py` (by hand, not kept), the crashed stub's log showed the watchdog thread inside
 `pb_utils.is_model_ready`, called after the SIGTERM (in the clean stops that call raises "Server not
