@@ -27,8 +27,8 @@ class EngineConfig:
     num_threads: int = 2                  # torch intra-op threads; 0 = leave torch's setting alone
     attention: str = "auto"               # "kernel" (native CPU op, batch-invariant), "torch" (SDPA),
                                           # "auto": the kernel where it is built and can run
-    linear: str = "auto"                  # "kernel" (native CPU op, batch-invariant; float32 on AVX-512,
-                                          # bfloat16 on AVX-512 BF16), "onednn" (packed oneDNN matmul),
+    linear: str = "auto"                  # "kernel" (native CPU op, batch-invariant; float32 on AVX-512
+                                          # or AVX2, bfloat16 on AVX-512 BF16), "onednn" (packed oneDNN matmul),
                                           # "auto": the kernel where it has vector code
     pointwise: str = "auto"               # RMSNorm, SiLU-and-multiply, RoPE and the KV write: "kernel"
                                           # (native CPU ops, one pass each), "torch" (torch's ops),

@@ -286,13 +286,13 @@ class LlamaForCausalLM(nn.Module):
 
         Returns how many moved. Call after loading; packed weights are no longer loadable. "kernel" raises
         InvalidArgument("linear") where batchlm::linear has no vector code for the model (not on CPU, not
-        built, or no AVX-512 / AVX-512 BF16 for the dtype: kernels.linear_is_native).
+        built, or no AVX-512 or AVX2 for float32, no AVX-512 BF16 for bfloat16: kernels.linear_is_native).
         """
         if backend not in LINEAR_BACKENDS:
             raise InvalidArgument("linear", f"must be one of {LINEAR_BACKENDS}, got {backend!r}")
         if backend == "kernel" and not (self.device.type == "cpu" and kernels.linear_is_native(self.dtype)):
             raise InvalidArgument("linear", "the batchlm linear kernel needs a CPU model, a built library "
-                                  "(python -m batchlm.kernels) and AVX-512 (AVX-512 BF16 for bfloat16)")
+                                  "(python -m batchlm.kernels) and AVX-512 or AVX2 (AVX-512 BF16 for bfloat16)")
         return sum(m.prepack(backend) for m in self.modules() if isinstance(m, Linear) and m.weight is not None)
 
     @property

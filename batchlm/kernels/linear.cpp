@@ -11,8 +11,10 @@
 //   n        int               N, the output features: 64(G - 1) < N <= 64G
 //   returns  (T, N)            x's dtype
 // pack_linear(W (N, K)) -> packed, G = ceil(N / 64). linear_is_native(dtype) -> bool: whether this build
-// has the vector code for that dtype (float32: AVX-512; bfloat16: AVX-512 BF16). Without it float32 runs a
-// scalar loop with the same sums (correct, slow) and bfloat16 is refused; callers use oneDNN instead.
+// has the vector code for that dtype (float32: AVX-512, or AVX2 with FMA; bfloat16: AVX-512 BF16). Without
+// it float32 runs a scalar loop with the same sums (correct, slow) and bfloat16 is refused; callers use
+// oneDNN instead. With AVX2 (16 vector registers of 8 lanes) a register block holds 16 of a group's 64
+// columns, so a block walks the group four times, one 64-byte line of each 256-byte row per pass.
 //
 // Why a kernel: a decode step streams every weight from DRAM (the default model is ~3x this CPU's L3),
 // and with oneDNN's packed matmul that streaming and the arithmetic did not overlap (docs/architecture.md
@@ -57,7 +59,11 @@ struct Prefetch {
   int64_t parts;     // the group's blocks
 };
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define BATCHLM_F32_VECTOR 1
+#endif
+
+#ifdef BATCHLM_F32_VECTOR
 inline void prefetch_row(const void* p) {  // one group row: 256 bytes, four lines (a hint, no effect on results)
   const char* line = static_cast<const char*>(p);
   _mm_prefetch(line, _MM_HINT_T1);
@@ -87,6 +93,7 @@ class PrefetchCursor {  // walks one block's share of Prefetch, iteration by ite
   int64_t every_, due_, row_;
 };
 
+#ifdef __AVX512F__
 inline void store_cols(float* o, const __m512 (&acc)[4], int64_t ncols) {
   if (ncols == kCols) {
     for (int v = 0; v < 4; ++v) _mm512_storeu_ps(o + 16 * v, acc[v]);
@@ -96,6 +103,19 @@ inline void store_cols(float* o, const __m512 (&acc)[4], int64_t ncols) {
   for (int v = 0; v < 4; ++v) _mm512_store_ps(tmp + 16 * v, acc[v]);
   std::copy(tmp, tmp + ncols, o);
 }
+#else
+inline void store_quarter(float* o, __m256 lo, __m256 hi, int64_t ncols) {  // 16 columns, or the first ncols
+  if (ncols >= 16) {
+    _mm256_storeu_ps(o, lo);
+    _mm256_storeu_ps(o + 8, hi);
+    return;
+  }
+  alignas(32) float tmp[16];
+  _mm256_store_ps(tmp, lo);
+  _mm256_store_ps(tmp + 8, hi);
+  std::copy(tmp, tmp + ncols, o);
+}
+#endif
 
 // Calls body(hint) with the per-iteration prefetch `hint(k)` this block owes: none, every row of the next
 // group (the block is the group's only part), or its share (PrefetchCursor). Three loops, each compiled
@@ -119,7 +139,35 @@ inline void with_prefetch(const Prefetch& prefetch, int64_t K, Body body) {
 template <int R>
 void block_f32(const float* __restrict x, int64_t K, const float* __restrict w, const Prefetch& prefetch,
                float* __restrict out, int64_t n, int64_t ncols) {
-#ifdef __AVX512F__
+#if !defined(__AVX512F__) && defined(BATCHLM_F32_VECTOR)
+  // AVX2: R x 2 accumulators + 2 weight vectors + 1 broadcast of 16 registers; one pass per 16 columns. Each
+  // pass is a part of its own in the prefetch's split (part * 4 + q of parts * 4), so the block's share of the
+  // next group goes out evenly over all four passes, in row order, as one pass would send it.
+  constexpr int kPasses = kCols / 16;
+  for (int q = 0; q < kPasses && 16 * q < ncols; ++q) {
+    const float* wq = w + 16 * q;
+    const Prefetch pass{prefetch.next, prefetch.part * kPasses + q, prefetch.parts * kPasses};
+    with_prefetch<float>(pass, K, [&](auto hint) {
+      // NOTE: every loop over r unrolled: if one is left rolled (GCC 12 leaves the set-up and the stores),
+      // the accumulators stay in memory and are stored on every iteration, at a third of the FMA rate.
+      __m256 acc[R][2];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K; ++k) {
+        hint(k);
+        const __m256 w0 = _mm256_loadu_ps(wq + k * kCols), w1 = _mm256_loadu_ps(wq + k * kCols + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
+          acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) store_quarter(out + r * n + 16 * q, acc[r][0], acc[r][1], ncols - 16 * q);
+    });
+  }
+#elif defined(__AVX512F__)
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -219,7 +267,7 @@ constexpr BlockFn<uint32_t, uint32_t, at::BFloat16> kBf16Blocks[kRows + 1] = {
 #endif
 
 bool linear_is_native(at::ScalarType dtype) {
-#ifdef __AVX512F__
+#ifdef BATCHLM_F32_VECTOR
   if (dtype == at::kFloat) return true;
 #endif
 #ifdef __AVX512BF16__

@@ -124,6 +124,28 @@ inline void block_scores(const float* qf, const float* kt, float* s, int64_t G_,
     for (int h = 0; h < GG; ++h) _mm512_storeu_ps(s + h * stride, acc[h]);
     return;
   }
+#elif defined(__AVX2__) && defined(__FMA__)
+  if constexpr (BS == 16 && GG > 0 && GG <= 6) {  // AVX2: a block's 16 keys are two vectors of 8
+    // NOTE: every loop over h unrolled: one left rolled keeps the accumulators in memory (GCC 12).
+    __m256 acc[GG][2];
+#pragma GCC unroll 8
+    for (int h = 0; h < GG; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; ++d) {
+      const __m256 lo = _mm256_loadu_ps(kt + d * BS), hi = _mm256_loadu_ps(kt + d * BS + 8);
+#pragma GCC unroll 8
+      for (int h = 0; h < GG; ++h) {
+        const __m256 qd = _mm256_broadcast_ss(qf + h * hd + d);
+        acc[h][0] = _mm256_fmadd_ps(qd, lo, acc[h][0]);
+        acc[h][1] = _mm256_fmadd_ps(qd, hi, acc[h][1]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < GG; ++h) {
+      _mm256_storeu_ps(s + h * stride, acc[h][0]);
+      _mm256_storeu_ps(s + h * stride + 8, acc[h][1]);
+    }
+    return;
+  }
 #endif
   {
     for (int64_t h = 0; h < G; ++h) {
@@ -169,6 +191,36 @@ inline void weighted_values(const T* v_cache, const int64_t* table, const float*
     }
     for (int h = 0; h < GG; ++h)
       for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + h * HD + c * kLanes, a[h][c]);
+    return;
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  if constexpr (HD > 0 && HD % 16 == 0 && GG > 0 && GG <= 6) {
+    // AVX2: G x HD accumulators do not fit 16 registers, so one pass over the keys per 16 dimensions (G x 2
+    // accumulators), each reading one 64-byte line of every value row; a sum still runs over the keys in order.
+    for (int64_t c0 = 0; c0 < HD; c0 += 16) {
+      __m256 a[GG][2];
+#pragma GCC unroll 8
+      for (int h = 0; h < GG; ++h) a[h][0] = a[h][1] = _mm256_setzero_ps();
+      for (int64_t j0 = 0, b = 0; j0 < L; j0 += bs, ++b) {
+        const T* block = v_cache + (table[b] * bs * KVH + g) * HD;
+        const int64_t n = std::min(bs, L - j0);
+        for (int64_t l = 0; l < n; ++l) {
+          const float* v = widen(block + l * KVH * HD + c0, scratch, 16);
+          const __m256 lo = _mm256_loadu_ps(v), hi = _mm256_loadu_ps(v + 8);
+#pragma GCC unroll 8
+          for (int h = 0; h < GG; ++h) {
+            const __m256 pj = _mm256_broadcast_ss(p + h * stride + j0 + l);
+            a[h][0] = _mm256_fmadd_ps(pj, lo, a[h][0]);
+            a[h][1] = _mm256_fmadd_ps(pj, hi, a[h][1]);
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (int h = 0; h < GG; ++h) {
+        _mm256_storeu_ps(acc + h * HD + c0, a[h][0]);
+        _mm256_storeu_ps(acc + h * HD + c0 + 8, a[h][1]);
+      }
+    }
     return;
   }
 #endif

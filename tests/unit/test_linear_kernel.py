@@ -1,6 +1,7 @@
 """torch.ops.batchlm.linear: close to a float64 reference, and each row's bits independent of the other rows
 of the call, of its register block and chunk, and of the thread count (what keeps decoding batch-invariant
-bit for bit), in float32 and, where the CPU has AVX-512 BF16, in bfloat16."""
+bit for bit), in float32 (vector code with AVX-512, or AVX2 and FMA) and, where the CPU has AVX-512 BF16,
+in bfloat16."""
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ def loaded():
 
 @pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def dtype(request):
-    """float32 always runs (without AVX-512, the kernel's scalar loop); bfloat16 needs AVX-512 BF16."""
+    """float32 always runs (without AVX-512 or AVX2, the kernel's scalar loop); bfloat16 needs AVX-512 BF16."""
     if request.param is torch.bfloat16 and not kernels.linear_is_native(request.param):
         pytest.skip("no AVX-512 BF16 on this CPU: bfloat16 linears go through oneDNN")
     return request.param
@@ -66,6 +67,24 @@ def test_matches_the_float64_product(dtype, n, k, t):
         torch.testing.assert_close(out.double(), ref, atol=1e-5 * k ** 0.5, rtol=1e-5)
     else:  # float32 sums, then one rounding to bfloat16 (8 bits: 2^-8 relative)
         torch.testing.assert_close(out.double(), ref, atol=1e-5 * k ** 0.5, rtol=2 ** -8)
+
+
+def fma_chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """float32 out[t][n] = fma(x[t][K-1], W[n][K-1], ... fma(x[t][0], W[n][0], 0)): each product is exact in
+    float64 and each sum is rounded to float32 (through float64: a double rounding that differs from one fused
+    rounding about once in 2^29 operations; these inputs are fixed)."""
+    acc = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float32)
+    for k in range(x.shape[1]):
+        acc = (x[:, k, None].double() * w[None, :, k].double() + acc.double()).float()
+    return acc
+
+
+@pytest.mark.parametrize("n,k,t", [(130, 37, 7), (64, 300, 13), (200, 1, 6)])
+def test_float32_sums_are_the_written_fma_chain_to_the_bit(n, k, t):
+    """Vector code (AVX-512 or AVX2) and the scalar loop compute the same sums, so a row has the same bits on
+    every CPU the library builds for."""
+    w, x = weight(n, k, seed=n), rows(t, k, seed=k)
+    assert torch.equal(linear(x, w), fma_chain(x, w))
 
 
 @pytest.mark.parametrize("n,k", [(512, 1408), (200, 511)])

@@ -32,7 +32,7 @@ def small(small_dir, request):
     set-up; a missing build fails here), and SDPA with oneDNN and torch's element-wise ops."""
     attention, linear, pointwise = request.param
     if linear == "kernel" and not kernels.linear_is_native(torch.float32):
-        pytest.skip("no AVX-512 on this CPU: the engine's linears go through oneDNN here")
+        pytest.skip("no AVX-512 or AVX2 on this CPU: the engine's linears go through oneDNN here")
     model = load_model(small_dir, attention=attention, linear=linear, pointwise=pointwise)
     assert model.linear_backend == linear and model.pointwise_backend == pointwise
     return model
@@ -205,7 +205,7 @@ def test_the_linear_kernel_is_refused_where_it_cannot_run(small_dir):
 
 
 def auto_linear_backend(dtype: torch.dtype) -> str:
-    """What `linear="auto"` picks on this CPU: the kernel where it has vector code (AVX-512, and
+    """What `linear="auto"` picks on this CPU: the kernel where it has vector code (AVX-512 or AVX2, and
     AVX-512 BF16 for bfloat16), else oneDNN, except for bfloat16 where oneDNN has none (an AVX2-only
     CPU: it refuses to pack the weight), which stays dense."""
     if kernels.linear_is_native(dtype):
