@@ -16,7 +16,7 @@ import requests
 from batchlm.serving.instance_claim import clear_claims, default_folder
 from batchlm.triton_server import PROJECT_ROOT, free_port, process_tree
 from client.triton_llm import LLMClient, RequestFailed
-from tests.functional.conftest import is_alive
+from tests.functional.conftest import held_by_http_connections, is_alive
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 
@@ -91,7 +91,7 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
             assert not is_alive(pid), f"process {pid} outlived serve.py"
         text = (out if foreground else log).read_text(errors="replace")
         assert text.count("successfully unloaded") == len(MODELS), text[-3000:]
-        assert "Exit timeout expired" not in text and "HTTP service connections" not in text, text[-3000:]
+        assert not held_by_http_connections(text), text[-3000:]
         assert not list(default_folder().glob(f"{server_pid}-*")), "instance claims left behind"
         assert not [p for p in set(Path("/dev/shm").iterdir()) - shm_before if p.name.startswith("batchlm_")]
     finally:  # NOTE: on a failure, leave nothing behind for the tests after this one
