@@ -1,0 +1,53 @@
+"""The kernel library's flags: the loops that call the exp of scalar_math.h vectorize.
+
+exp_nonpositive is written so that a loop over it compiles to vector code, and silu_mul and the attention
+softmax spend most of their time in such loops. GCC leaves them scalar when it may not speculate a multiply
+past the clamp at the top of the exp (-ftrapping-math, its default), so a change of flags or of the exp
+can silently make those ops several times slower while every value stays the same. This compiles the two
+sources with the library's own flags and reads GCC's vectorization report for the lines of those loops.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from batchlm import kernels
+
+# Loops that must vectorize: a `for` on the same line as a call of the exp (directly or through silu_times).
+EXP_CALLS = ("exp_nonpositive(", "silu_times(")
+
+
+def exp_loop_lines(source: Path) -> list[int]:
+    return [n for n, line in enumerate(source.read_text().splitlines(), start=1)
+            if "for (" in line and any(call in line for call in EXP_CALLS)]
+
+
+def vectorized_lines(source: Path) -> set[int]:
+    """Lines of `source` holding a loop that GCC vectorized, with the flags the library is built with."""
+    from torch.utils.cpp_extension import include_paths
+
+    flags = [f for f in kernels.CXXFLAGS if f != "-shared"]
+    cmd = ["g++", *flags, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+           *[f"-I{p}" for p in include_paths()], "-c", str(source), "-o", os.devnull, "-fopt-info-vec-optimized"]
+    report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    pattern = rf"{re.escape(source.name)}:(\d+):\d+: optimized: loop vectorized"
+    return {int(m.group(1)) for m in re.finditer(pattern, report)}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs the compiler the library is built with")
+def test_the_loops_over_the_exp_vectorize():
+    sources = [kernels.HERE / "pointwise.cpp", kernels.HERE / "paged_attention.cpp"]
+    expected = {s.name: exp_loop_lines(s) for s in sources}
+    assert all(expected.values()), f"no exp loop found in a source: {expected}"  # the test still reads them
+    with ThreadPoolExecutor(len(sources)) as pool:
+        vectorized = dict(zip([s.name for s in sources], pool.map(vectorized_lines, sources)))
+    scalar = {name: [n for n in lines if n not in vectorized[name]] for name, lines in expected.items()}
+    assert not any(scalar.values()), f"loops over exp_nonpositive left scalar (file: lines): {scalar}"
