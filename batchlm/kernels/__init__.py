@@ -32,9 +32,9 @@ BUILD_DIR = HERE / "build"
 # carries the CPU's model and flags. No -ffast-math: the kernels' sums must keep their written order.
 # -fno-trapping-math changes no value (no reassociation, no finite-math or signed-zero assumptions): it
 # says that no program reads the floating-point exception flags, so GCC may compute a multiply on both
-# arms of exp_nonpositive's clamp. Without it GCC hoists `x * log2(e)` into one arm, cannot if-convert the
-# branch, and leaves the exp loops of silu_mul and of the attention softmax scalar (docs/architecture.md
-# item 22).
+# arms of exp_nonpositive's clamp. Without it, on a CPU without AVX-512 (whose masked instructions get
+# around it), GCC hoists `x * log2(e)` into one arm, cannot if-convert the branch, and leaves the exp
+# loops of silu_mul and of the attention softmax scalar (docs/architecture.md item 22).
 CXXFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-std=c++20", "-fno-trapping-math", "-fPIC",
             "-shared", "-fopenmp", "-Wall")
 

@@ -1,9 +1,11 @@
 """The in-process engine scripts the README quotes: scripts/bench_engine.py (`make bench-engine`) and
-scripts/batch_invariance.py, run small."""
+scripts/batch_invariance.py, run small; scripts/kernel_outputs.py, which the README's same-bits claims use."""
 
 import json
 import subprocess
 import sys
+
+import torch
 
 from batchlm.engine_config import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS
 from batchlm.triton_server import PROJECT_ROOT
@@ -36,3 +38,19 @@ def test_batch_invariance_finds_no_request_whose_tokens_change_batched():
     assert [row.split("|")[1].strip() for row in rows] == [
         "continuous, 8 in flight", "continuous, 64 in flight", "request-level, batches of 8"], stdout
     assert all(row.split("|")[2].strip() == "0 of 8" for row in rows), stdout
+
+
+def test_kernel_outputs_are_the_same_bits_run_to_run_and_a_changed_bit_is_found(tmp_path):
+    a, b, changed = tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "changed.pt"
+    run("scripts/kernel_outputs.py", "save", str(a))
+    run("scripts/kernel_outputs.py", "save", str(b))
+    stdout = run("scripts/kernel_outputs.py", "compare", str(a), str(b))
+    assert "decode 40: 0 of 327680 elements differ" in stdout and "silu_mul float32: 0 of" in stdout, stdout
+    saved = torch.load(a)
+    assert saved["silu_mul float32"].isnan().any()  # NaN entries are compared too (as equal to NaN)
+    logits = saved["decode 8"]
+    logits.view(-1).view(torch.int32)[5] ^= 1  # one bit of one logit
+    torch.save(saved, changed)
+    proc = subprocess.run([sys.executable, "scripts/kernel_outputs.py", "compare", str(a), str(changed)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "decode 8: 1 of 65536 elements differ" in proc.stdout, proc.stdout

@@ -1,10 +1,11 @@
 """The kernel library's flags: the loops that call the exp of scalar_math.h vectorize.
 
 exp_nonpositive is written so that a loop over it compiles to vector code, and silu_mul and the attention
-softmax spend most of their time in such loops. GCC leaves them scalar when it may not speculate a multiply
-past the clamp at the top of the exp (-ftrapping-math, its default), so a change of flags or of the exp
-can silently make those ops several times slower while every value stays the same. This compiles the two
-sources with the library's own flags and reads GCC's vectorization report for the lines of those loops.
+softmax spend most of their time in such loops. On a CPU without AVX-512, GCC leaves them scalar when it
+may not speculate a multiply past the clamp at the top of the exp (-ftrapping-math, its default; AVX-512
+masks the multiply instead), so a change of flags or of the exp can silently make those ops several times
+slower while every value stays the same. This compiles the two sources with the library's own flags for
+this CPU and reads GCC's vectorization report for the lines of those loops.
 """
 
 from __future__ import annotations
