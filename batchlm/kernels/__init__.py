@@ -50,13 +50,17 @@ def _cpu_signature() -> str:
     return "\n".join(sorted(set(lines)))
 
 
-def _compile_command(out: Path) -> list[str]:
+def compiler_args() -> list[str]:
+    """g++ and the flags, defines and include paths every source is compiled with (no sources, no link)."""
     from torch.utils.cpp_extension import include_paths
 
-    torch_lib = Path(torch.__file__).resolve().parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return ["g++", *CXXFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            *[f"-I{p}" for p in include_paths()], *map(str, SOURCES), "-o", str(out),
+    return ["g++", *CXXFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *[f"-I{p}" for p in include_paths()]]
+
+
+def _compile_command(out: Path) -> list[str]:
+    torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    return [*compiler_args(), *map(str, SOURCES), "-o", str(out),
             f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
 
 

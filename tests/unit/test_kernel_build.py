@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import torch
 
 from batchlm import kernels
 
@@ -33,11 +32,7 @@ def exp_loop_lines(source: Path) -> list[int]:
 
 def vectorized_lines(source: Path) -> set[int]:
     """Lines of `source` holding a loop that GCC vectorized, with the flags the library is built with."""
-    from torch.utils.cpp_extension import include_paths
-
-    flags = [f for f in kernels.CXXFLAGS if f != "-shared"]
-    cmd = ["g++", *flags, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           *[f"-I{p}" for p in include_paths()], "-c", str(source), "-o", os.devnull, "-fopt-info-vec-optimized"]
+    cmd = [*kernels.compiler_args(), "-c", str(source), "-o", os.devnull, "-fopt-info-vec-optimized"]
     report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     pattern = rf"{re.escape(source.name)}:(\d+):\d+: optimized: loop vectorized"
     return {int(m.group(1)) for m in re.finditer(pattern, report)}
