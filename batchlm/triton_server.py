@@ -115,6 +115,11 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
+    @property
+    def drainable(self) -> bool:
+        """Whether drain() can unload this server's models: its arguments choose explicit model control."""
+        return model_control_mode(self.extra_args) == "explicit"
+
     def command(self) -> list[str]:
         install = self.install or TritonInstall.find()
         return [
@@ -318,36 +323,44 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ADMIN_HEADER = "batchlm-admin"
 
 
-def with_model_control(extra: list[str] | tuple[str, ...]) -> tuple[list[str], bool, tuple[str, str] | None]:
+def model_control_mode(args: list[str] | tuple[str, ...]) -> str:
+    """The model control mode that tritonserver arguments `args` choose: the last
+    `--model-control-mode=M` or `--model-control-mode M`; "none" (tritonserver's default) where none
+    does; "" for a flag left without its value."""
+    mode = "none"
+    for i, arg in enumerate(args):
+        if arg.startswith("--model-control-mode="):
+            mode = arg.split("=", 1)[1]
+        elif arg == "--model-control-mode":
+            mode = args[i + 1] if i + 1 < len(args) else ""
+    return mode
+
+
+def with_model_control(extra: list[str] | tuple[str, ...]) -> tuple[list[str], tuple[str, str] | None]:
     """tritonserver arguments for the serve commands: `extra`, with explicit model control and every
-    model loaded at start added where `extra` chooses no mode of its own; whether the server will run in
-    explicit model control, where `TritonServer.drain()` can unload its models; and the header that
-    drain() must send, or None.
+    model loaded at start added where `extra` chooses no mode of its own; and the header that
+    `TritonServer.drain()` must send, or None.
 
     Where the mode is added here, the repository API (index, load, unload) is restricted, over HTTP and
     gRPC, to requests that carry a header with a random value made for this server, so only the serve
     command can unload models, as without explicit model control no client could. A mode chosen in
     `extra` leaves the API as `extra` sets it."""
     extra = list(extra)
-    modes = [a.split("=", 1)[1] if "=" in a else None for a in extra if a.startswith("--model-control-mode")]
-    if not modes:
-        token = secrets.token_hex(16)
-        added = ["--model-control-mode=explicit", "--load-model=*",
-                 f"--http-restricted-api=model-repository:{ADMIN_HEADER}={token}",
-                 f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={token}"]
-        return [*added, *extra], True, (ADMIN_HEADER, token)
-    if modes[-1] is None:  # NOTE: `--model-control-mode explicit`, two arguments
-        index = max(i for i, a in enumerate(extra) if a == "--model-control-mode")
-        modes[-1] = extra[index + 1] if index + 1 < len(extra) else ""
-    return extra, modes[-1] == "explicit", None
+    if any(a == "--model-control-mode" or a.startswith("--model-control-mode=") for a in extra):
+        return extra, None
+    token = secrets.token_hex(16)
+    added = ["--model-control-mode=explicit", "--load-model=*",
+             f"--http-restricted-api=model-repository:{ADMIN_HEADER}={token}",
+             f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={token}"]
+    return [*added, *extra], (ADMIN_HEADER, token)
 
 
-def serve_until_signalled(server: TritonServer, drainable: bool, drain_timeout: float = 60.0,
-                          start_timeout: float = 900.0) -> int:
+def serve_until_signalled(server: TritonServer, drain_timeout: float = 60.0, start_timeout: float = 900.0) -> int:
     """Start `server`, print a ready line, and serve until SIGINT, SIGTERM or SIGHUP; then drain it where
-    `drainable` (at most `drain_timeout` s; a second signal skips the rest) and stop it. Return 0; the
-    server's status if it ended by itself; 1 if it exited or was not ready within `start_timeout` s at
-    start (said in one line). Progress goes to stderr, prefixed `serve:`.
+    it runs in explicit model control (`TritonServer.drainable`; at most `drain_timeout` s; a second
+    signal skips the rest) and stop it. Return 0; the server's status if it ended by itself; 1 if it
+    exited or was not ready within `start_timeout` s at start (said in one line). Progress goes to
+    stderr, prefixed `serve:`.
 
     Draining first matters: on SIGTERM tritonserver waits, up to its exit timeout, for every open HTTP
     connection to close before it unloads anything, and a request parked in static_batching keeps its
@@ -376,7 +389,7 @@ def serve_until_signalled(server: TritonServer, drainable: bool, drain_timeout: 
             status = server.process.returncode or 1
             _say(f"tritonserver exited by itself with status {server.process.returncode}")
         except (KeyboardInterrupt, SystemExit):
-            if drainable and server.process is not None and server.process.poll() is None:
+            if server.drainable and server.process is not None and server.process.poll() is None:
                 _drain(server, drain_timeout)
     finally:
         for signum in STOP_SIGNALS:  # NOTE: nothing may cut the stop short: it removes the stubs

@@ -41,13 +41,13 @@ def main() -> int:
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args()
 
-    extra, drainable, admin_header = with_model_control(args.extra)
+    extra, admin_header = with_model_control(args.extra)
     server = TritonServer(
         model_repository=args.model_repository.resolve(), http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
         show_output=args.log is None, extra_args=tuple(extra), admin_header=admin_header,
     )
-    return serve_until_signalled(server, drainable, args.drain_timeout)
+    return serve_until_signalled(server, args.drain_timeout)
 
 
 if __name__ == "__main__":

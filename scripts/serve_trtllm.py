@@ -82,11 +82,11 @@ def main() -> int:
         print(repository)
         return 0
     ensure_engine(args.engine_dir, args.trtllm_python, args.rebuild)
-    extra, drainable, admin_header = with_model_control([])
+    extra, admin_header = with_model_control([])
     server = TritonServer(model_repository=repository, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, show_output=True, extra_args=tuple(extra),
                           admin_header=admin_header)
-    return serve_until_signalled(server, drainable)
+    return serve_until_signalled(server)
 
 
 if __name__ == "__main__":

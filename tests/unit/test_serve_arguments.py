@@ -1,19 +1,20 @@
 """The serve commands' tritonserver arguments: explicit model control, its repository API restricted to
-the serve command, unless the caller chose a mode."""
+the serve command, unless the caller chose a mode; and whether a server so started can be drained."""
 
 import pytest
 
-from batchlm.triton_server import ADMIN_HEADER, with_model_control
+from batchlm.triton_server import ADMIN_HEADER, TritonServer, model_control_mode, with_model_control
 
 
 def test_no_mode_given_adds_explicit_control_with_every_model_loaded_and_the_api_restricted():
-    extra, drainable, header = with_model_control(["--log-verbose=1"])
+    extra, header = with_model_control(["--log-verbose=1"])
     name, token = header
-    assert name == ADMIN_HEADER and len(token) == 32 and drainable
+    assert name == ADMIN_HEADER and len(token) == 32
     assert extra == ["--model-control-mode=explicit", "--load-model=*",
                      f"--http-restricted-api=model-repository:{name}={token}",
                      f"--grpc-restricted-protocol=model-repository:{name}={token}", "--log-verbose=1"]
-    assert with_model_control([])[2][1] != token  # a new value for every server
+    assert with_model_control([])[1][1] != token  # a new value for every server
+    assert TritonServer(extra_args=tuple(extra)).drainable
 
 
 @pytest.mark.parametrize("extra, drainable", [
@@ -22,6 +23,14 @@ def test_no_mode_given_adds_explicit_control_with_every_model_loaded_and_the_api
     (["--model-control-mode=explicit", "--load-model=dynamic_batching"], True),
     (["--model-control-mode", "explicit", "--load-model=static_batching"], True),
     (["--model-control-mode", "none"], False),
+    (["--model-control-mode=explicit", "--model-control-mode", "poll"], False),  # the last one counts
+    (["--model-control-mode"], False),
 ])
-def test_a_mode_given_is_kept_as_it_is(extra, drainable):
-    assert with_model_control(extra) == (extra, drainable, None)
+def test_a_mode_given_is_kept_as_it_is_and_only_explicit_control_is_drained(extra, drainable):
+    assert with_model_control(extra) == (extra, None)
+    assert TritonServer(extra_args=tuple(extra)).drainable is drainable
+
+
+def test_no_mode_is_tritonservers_default_none():
+    assert model_control_mode(["--log-verbose=1"]) == "none"
+    assert not TritonServer().drainable
