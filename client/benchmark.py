@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException
 from client.arrivals import CLOSED, ArrivalSpec
 from client.metrics_timeline import MetricsTimeline, requests_per_execution, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
-from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect, config_via
+from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
 from client.workload import WorkloadRequest
 
 # NOTE: gRPC Python wakes every thread blocked on a call or stream every 0.1 s
@@ -106,7 +106,7 @@ class BenchmarkRun:
 def can_stream(llm: LLMClient, model: str, protocol: str = "http") -> bool:
     """Decoupled and accepts `stream: true` (a decoupled model may still refuse it); asked over
     `protocol`, so a server reachable on that one alone is enough."""
-    if not llm.is_decoupled(model, config_via(protocol)):
+    if not llm.is_decoupled(model, protocol):
         return False
     try:
         collect(llm.stream(protocol, model, "hello", 1, stream=True))
@@ -142,12 +142,13 @@ class Benchmark:
         self._clients_lock = threading.Lock()
         self._streamed = False
         self._t0 = 0.0
+        self._probe: LLMClient | None = None  # its configs go to every request's client
 
     def run(self, requests: list[WorkloadRequest]) -> BenchmarkRun:
         """Send every request and wait for all answers; failures are recorded, not raised."""
-        probe = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout)
+        probe = self._probe = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout)
         try:
-            via = config_via(self.config.protocol)
+            via = self.config.protocol
             if "num_output_tokens" not in probe.outputs(self.config.model, via):
                 raise UnmeasurableModel(f"{self.config.model} has no num_output_tokens output: the benchmark "
                                         "counts each request's tokens from it")
@@ -224,7 +225,7 @@ class Benchmark:
     def _client(self) -> LLMClient:
         llm = getattr(self._local, "llm", None)
         if llm is None:
-            llm = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout)
+            llm = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout, configs_of=self._probe)
             self._local.llm = llm
             with self._clients_lock:
                 self._clients.append(llm)

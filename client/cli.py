@@ -22,7 +22,7 @@ import time
 
 import requests
 
-from client.triton_llm import PROTOCOLS, LLMClient, RequestFailed, Result, collect, config_via, unreachable
+from client.triton_llm import PROTOCOLS, LLMClient, RequestFailed, Result, collect, unreachable
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,7 +59,7 @@ def generate(llm: LLMClient, args: argparse.Namespace) -> tuple[Result, bool]:
     """The result, and whether its text was already printed while streaming."""
     opts = options(args)
     ask = (args.protocol, args.model, args.prompt, args.max_tokens)
-    if args.no_stream or not llm.is_decoupled(args.model, config_via(args.protocol)):
+    if args.no_stream or not llm.is_decoupled(args.model, args.protocol):
         return llm.answer(*ask, **opts), False
     start = time.perf_counter()
     try:

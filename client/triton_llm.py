@@ -120,11 +120,6 @@ class Result:
     chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk, from the start
 
 
-def config_via(protocol: str) -> str:
-    """The channel a request over `protocol` (PROTOCOLS) reads the model's config on: its own."""
-    return "grpc" if protocol == "grpc" else "http"
-
-
 def grpc_model_config(triton: grpcclient.InferenceServerClient, model: str, timeout: float) -> dict:
     """The model's config over gRPC, as JSON with `max_batch_size` a number (0 where it is left out, as
     protobuf's JSON leaves out every field at its default)."""
@@ -146,36 +141,42 @@ def request_fields(prompt: str, max_tokens: int, **options) -> dict:
 
 class LLMClient:
     def __init__(self, http_url: str = "127.0.0.1:8000", grpc_url: str = "127.0.0.1:8001",
-                 timeout: float = 600.0) -> None:
+                 timeout: float = 600.0, configs_of: LLMClient | None = None) -> None:
+        """`configs_of`: another client whose model configs this one starts with, so its first request
+        reads none of them again (the benchmark's clients, whose first request's latency would carry
+        the read)."""
         self.http_url = http_url
         self.grpc_url = grpc_url
         self.timeout = timeout
         self._http = requests.Session()
         self._grpc: grpcclient.InferenceServerClient | None = None
-        self._configs: dict[tuple[str, str], dict] = {}  # (via, model) -> config
+        # (channel, model) -> config
+        self._configs: dict[tuple[str, str], dict] = dict(configs_of._configs) if configs_of is not None else {}
 
     # -- model metadata --------------------------------------------------------------------------
     def model_config(self, model: str, via: str = "http") -> dict:
-        """The model's config as JSON, read over HTTP (`via="http"`) or gRPC (`via="grpc"`), and cached.
+        """The model's config as JSON, read on the channel that requests over protocol `via` (PROTOCOLS)
+        use, and cached: over gRPC for "grpc", over HTTP for "http" and "infer".
 
         gRPC requests read it over gRPC, so a client that only asks over gRPC needs no HTTP port and
         holds no HTTP connection open: an open one, even idle, makes tritonserver's SIGTERM wait out its
         exit timeout and exit without unloading its models (README, "Errors, overload and shutdown").
         The two carry the fields read here alike; gRPC's leaves out fields at their default value."""
-        if (via, model) not in self._configs:
-            if via == "grpc":
+        if via not in PROTOCOLS:
+            raise ValueError(f"via must be one of {PROTOCOLS}, got {via!r}")
+        channel = "grpc" if via == "grpc" else "http"
+        if (channel, model) not in self._configs:
+            if channel == "grpc":
                 try:
                     config = grpc_model_config(self.grpc, model, timeout=30.0)
                 except InferenceServerException as exc:
                     raise _grpc_failure(exc) from None
-            elif via == "http":
+            else:
                 r = self._http.get(f"http://{self.http_url}/v2/models/{model}/config", timeout=30)
                 _raise_for_http(r)
                 config = r.json()
-            else:
-                raise ValueError(f"via must be 'http' or 'grpc', got {via!r}")
-            self._configs[(via, model)] = config
-        return self._configs[(via, model)]
+            self._configs[(channel, model)] = config
+        return self._configs[(channel, model)]
 
     def is_decoupled(self, model: str, via: str = "http") -> bool:
         return bool(self.model_config(model, via).get("model_transaction_policy", {}).get("decoupled"))

@@ -13,6 +13,7 @@ from client.comparison import saturated_tok, targets_table, write_variant
 from client.metrics_timeline import MetricsTimeline, parse_metrics, requests_per_execution, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
 from client.sweep import sweep_markdown, sweep_rows
+from client.triton_llm import LLMClient, RequestFailed
 from client.workload import WorkloadSpec, build_requests
 
 
@@ -99,6 +100,39 @@ def _serving(handler):
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _ConfigPage(BaseHTTPRequestHandler):
+    reads: list[str] = []
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        _ConfigPage.reads.append(self.path)
+        body = b'{"name": "m", "model_transaction_policy": {"decoupled": true}}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_models_config_is_read_once_on_the_channel_its_protocol_uses():
+    # "http" and "infer" requests read it over HTTP (one read for both); "grpc" over gRPC, which is not
+    # served here, so it cannot come from the HTTP read; any other protocol is refused.
+    _ConfigPage.reads = []
+    with _serving(_ConfigPage) as url:
+        llm = LLMClient(http_url=url.removeprefix("http://").removesuffix("/metrics"), grpc_url="127.0.0.1:1")
+        assert llm.is_decoupled("m", "http") and llm.is_decoupled("m", "infer")
+        assert _ConfigPage.reads == ["/v2/models/m/config"]
+        with pytest.raises(ValueError, match="via must be one of"):
+            llm.model_config("m", "generate")
+        with pytest.raises(RequestFailed, match="UNAVAILABLE"):
+            llm.model_config("m", "grpc")
+        assert _ConfigPage.reads == ["/v2/models/m/config"]
+        # a client started from another's configs (the benchmark's, one per thread) reads none again
+        assert LLMClient(http_url=llm.http_url, configs_of=llm).is_decoupled("m", "infer")
+        assert _ConfigPage.reads == ["/v2/models/m/config"]
 
 
 def test_timeline_counts_a_run_shorter_than_one_interval():
