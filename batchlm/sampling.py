@@ -11,6 +11,10 @@ import torch
 from batchlm.errors import InvalidArgument
 
 MAX_SEED = 2**64 - 1
+# Every new token is searched for every stop string on the engine thread that all requests share, so a
+# request may carry only this many, this long.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,11 @@ class SamplingParams:
             raise InvalidArgument("stop", f"must be a list of strings, got {self.stop!r}")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidArgument("stop", "every stop string must be a non-empty string")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidArgument("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        if any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise InvalidArgument("stop", f"a stop string may have at most {MAX_STOP_CHARS} characters, got "
+                                          f"{max(len(s) for s in self.stop)}")
         object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidArgument("ignore_eos", f"must be a bool, got {self.ignore_eos!r}")
@@ -95,8 +104,12 @@ class Sampler:
         """Inverse-CDF sampling over the (optionally top-k / top-p filtered) distribution."""
         n, vocab = logits.shape
         device = logits.device
-        temps = torch.tensor([p.temperature for p in params], device=device)
-        logits = logits / temps[:, None]                                 # (n, V)
+        temps = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
+        # NOTE: the row's largest logit first, and a temperature no smaller than the dtype's smallest
+        # normal: then every scaled logit is <= 0 and the largest is 0, so a tiny temperature (1e-38, or
+        # 1e-46, which is 0 in float32) gives its greedy token instead of inf / inf = NaN and the last id.
+        temps = temps.clamp(min=torch.finfo(logits.dtype).tiny)
+        logits = (logits - logits.max(dim=-1, keepdim=True).values) / temps[:, None]  # (n, V)
         filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in params)
         if filtered:
             logits, order = logits.sort(dim=-1, descending=True)         # (n, V) each

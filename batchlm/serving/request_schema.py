@@ -46,6 +46,19 @@ class GenerateRequest:
     stream: bool
 
 
+def check_parameters(parameters: Mapping[str, object]) -> None:
+    """Refuse a request's parameters: the schema has none. HTTP `/generate` turns every JSON field that
+    matches no input into a parameter, so a misspelt field (`"temprature": 0.7`) arrives here and would
+    otherwise be dropped in silence. Names with Triton's reserved prefix `triton_` are the server's own.
+
+    Raises:
+        InvalidArgument: naming the first parameter that is not the server's.
+    """
+    for name in parameters:
+        if not name.startswith("triton_"):
+            raise InvalidArgument(name, f"unknown field; expected one of {sorted(INPUTS)}")
+
+
 def parse_inputs(inputs: Mapping[str, np.ndarray]) -> GenerateRequest:
     """Validate a request's input arrays (any shape holding the right count of elements).
 

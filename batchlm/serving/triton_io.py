@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from batchlm.errors import InvalidArgument, Unavailable
 from batchlm.request_output import RequestOutput
-from batchlm.serving.request_schema import INPUTS, GenerateRequest, parse_inputs
+from batchlm.serving.request_schema import INPUTS, GenerateRequest, check_parameters, parse_inputs
 from batchlm.serving.serving_config import ServingConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +37,9 @@ def resolve_model_dir(value: str) -> Path:
 
 
 def parse_request(request) -> GenerateRequest:
-    """Parse one pb_utils.InferenceRequest; raises InvalidArgument naming the field."""
+    """Parse one pb_utils.InferenceRequest; raises InvalidArgument naming the field, also for a request
+    parameter (a JSON field of `/generate` that matches no input)."""
+    check_parameters(json.loads(request.parameters() or "{}"))
     inputs = {}
     for name in INPUTS:
         tensor = pb_utils.get_input_tensor_by_name(request, name)

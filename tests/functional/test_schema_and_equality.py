@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
     ({"text_input": "hi", "max_tokens": 4, "top_p": 2.0}, "top_p"),
     ({"text_input": "hi", "max_tokens": 4, "top_k": -1}, "top_k"),
     ({"text_input": "hi", "max_tokens": 100000}, "max_tokens"),
+    # a field that matches no input arrives as a request parameter; before, it was dropped in silence
+    ({"text_input": "hi", "max_tokens": 4, "temprature": 0.7}, "temprature: unknown field"),
+    ({"text_input": "hi", "max_tokens": 4, "stop": ["x"] * 17}, "stop: at most 16 stop strings"),
 ])
 def test_malformed_request_names_field(server, name, body, field):
     r = requests.post(f"http://{server.http_url}/v2/models/{name}/generate", json=body, timeout=60)

@@ -11,6 +11,7 @@ from batchlm.sampling import Sampler, SamplingParams, make_generator
     ("max_tokens", 0), ("max_tokens", 1.5), ("temperature", -0.1), ("temperature", float("nan")),
     ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("seed", -1), ("seed", 2**64),
     ("stop", "###"), ("stop", ("",)), ("stop", (1,)), ("ignore_eos", "no"),
+    ("stop", ("x",) * 17), ("stop", ("a", "y" * 257)),
 ])
 def test_invalid_params_name_the_field(field, value):
     with pytest.raises(InvalidArgument) as err:
@@ -22,6 +23,7 @@ def test_invalid_params_name_the_field(field, value):
 def test_stop_list_becomes_tuple():
     assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
     assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
+    assert len(SamplingParams(stop=["z" * 256] * 16).stop) == 16  # the most a request may carry
 
 
 def _logits(rows=4, vocab=50, seed=0):
@@ -95,3 +97,13 @@ def test_same_seed_same_samples_whatever_shares_the_batch():
     assert len(set(alone)) > 1  # it really samples
     other_seed = run(row, [SamplingParams(temperature=1.0, top_k=20, top_p=0.9, seed=4321)], 0)
     assert other_seed != alone
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-38, 1e-45, 1e-300])
+def test_a_tiny_temperature_samples_the_greedy_token(temperature):
+    # Before, logits / temperature overflowed to inf (or divided by a temperature that is 0 in float32),
+    # softmax gave NaN, and every row sampled the last id of the vocabulary.
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 3
+    params = [SamplingParams(temperature=temperature, seed=i) for i in range(4)]
+    picked = Sampler().sample(logits, params, [make_generator(p.seed) for p in params])
+    assert picked == logits.argmax(dim=-1).tolist()
