@@ -60,7 +60,9 @@ class ContinuousBatchingService:
         self._inbox: list[tuple[str, _Active]] = []  # guarded by _lock
         self._closed = False  # guarded by _lock
         self._active: dict[str, _Active] = {}  # owned by the engine thread
-        self._engine_waiting = 0  # engine's waiting count after the last step, guarded by _lock
+        # requests waiting in the engine: its count after the last step, plus the ones taken from the inbox
+        # since; guarded by _lock
+        self._engine_waiting = 0
         self._cancelled: list[str] = []  # ids the watcher found cancelled, guarded by _lock
         self._watcher = CancellationWatcher(cancel_check_interval, self._on_cancelled)
         try:
@@ -131,6 +133,9 @@ class ContinuousBatchingService:
                 if self._closed:
                     return
                 incoming, self._inbox = self._inbox, []
+                # NOTE: they wait in the engine from now on: count them there until the step's count
+                # replaces this one, or submit() would see them nowhere and admit up to max_waiting more.
+                self._engine_waiting += len(incoming)
                 cancelled, self._cancelled = self._cancelled, []
             self._admit(incoming)
             self._abort(cancelled)

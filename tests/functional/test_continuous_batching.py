@@ -191,3 +191,39 @@ def test_unload_drains_streams_in_flight(server):
         assert client.generate(MODEL, "Back again?", 4, ignore_eos=True).num_output_tokens == 4
     finally:
         client.close()
+
+
+def test_overload_refuses_beyond_max_waiting_however_the_engine_thread_is_timed(server):
+    """With one sequence slot held by a long request, `max_waiting` 4 admits exactly 4 of a burst of 24
+    and refuses 20. Before, requests the engine thread had just taken from the inbox were counted
+    nowhere until its next step ended, so a burst arriving during steps got far more than 4 in."""
+    url = f"http://{server.http_url}/v2/repository/models/{MODEL}/load"
+    config = requests.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
+    config["parameters"]["max_num_seqs"] = {"string_value": "1"}
+    config["parameters"]["max_waiting"] = {"string_value": "4"}
+    r = requests.post(url, json={"parameters": {"config": json.dumps(config)}}, timeout=300)
+    assert r.status_code == 200, r.text
+    generate = f"http://{server.http_url}/v2/models/{MODEL}/generate"
+
+    def send(max_tokens):
+        r = requests.post(generate, json={"text_input": "Hello", "max_tokens": max_tokens, "ignore_eos": True},
+                          timeout=300)
+        return time.monotonic(), r.status_code, r.json()
+
+    try:
+        with ThreadPoolExecutor(13) as pool:
+            long = pool.submit(send, 1000)
+            deadline = time.monotonic() + 30
+            while metric_value(server, "batchlm_running_requests", MODEL) != 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            burst = list(pool.map(send, [1] * 24))
+            long_done, long_status, _ = long.result(300)
+    finally:  # back to the repository's config.pbtxt: a load alone would keep the override
+        r = requests.post(url.replace("/load", "/unload"), timeout=120)
+        assert r.status_code == 200, r.text
+        r = requests.post(url, timeout=300)
+        assert r.status_code == 200, r.text
+    refused = [body for _, status, body in burst if status != 200]
+    assert long_status == 200 and len(burst) - len(refused) == 4, [s for _, s, _ in burst]
+    assert all("continuous_batching is overloaded: 4 requests already waiting" in b["error"] for b in refused)
+    assert max(t for t, s, _ in burst if s != 200) < long_done  # every refusal came while the slot was held
