@@ -38,6 +38,20 @@ class ServingConfig:
         )
 
 
+def check_batch_fits(engine: EngineConfig, rows: int, key: str) -> None:
+    """Request-level batching reserves KV for prompt + max_tokens of every row when its batch starts, so
+    a batch of `rows` requests of up to `max_model_len` tokens each must fit `max_num_seqs` and the KV
+    pool, or a full batch of long requests would fail as a whole. Raises InvalidArgument naming `key`
+    (the model's batch size: `batch_size` or `max_batch_size`) at load."""
+    if rows > engine.max_num_seqs:
+        raise InvalidArgument(key, f"{rows} rows exceed max_num_seqs={engine.max_num_seqs}")
+    per_row = -(-engine.max_model_len // engine.block_size)
+    if rows * per_row > engine.num_kv_blocks:
+        raise InvalidArgument(
+            key, f"{rows} rows of max_model_len={engine.max_model_len} need {rows * per_row} KV blocks of "
+                 f"{engine.block_size} tokens, num_kv_blocks is {engine.num_kv_blocks}")
+
+
 def positive_int(params: dict[str, str], key: str, default: int) -> int:
     """`params[key]` as an integer >= 1 (`default` when absent); raises InvalidArgument naming the key."""
     raw = params.get(key, str(default))

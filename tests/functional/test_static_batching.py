@@ -276,3 +276,36 @@ def _failure(future) -> tuple[str, str]:
     with pytest.raises(RequestFailed) as info:
         future.result(timeout=60)
     return info.value.status, info.value.message
+
+
+@pytest.mark.parametrize("model, field, value", [
+    ("static_batching", ("parameters", "batch_size"), {"string_value": "16"}),
+    ("dynamic_batching", ("max_batch_size",), 16),
+])
+def test_a_batch_larger_than_the_kv_reservation_is_refused_at_load(server, model, field, value):
+    """16 rows of up to 1024 tokens do not fit 8 sequence slots and 512 KV blocks: the load fails naming
+    the key, and the model loaded before keeps serving. Before, it loaded, and every full batch then
+    failed as a whole (INVALID_ARG "batch: 16 rows exceed max_num_seqs=8" to all 16 clients)."""
+    config = requests.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=30).json()
+    *path, key = field
+    target = config
+    for part in path:
+        target = target[part]
+    target[key] = value
+    r = requests.post(f"http://{server.http_url}/v2/repository/models/{model}/load",
+                      json={"parameters": {"config": json.dumps(config)}}, timeout=300)
+    assert r.status_code == 400 and f"{key}: 16 rows exceed max_num_seqs=8" in r.json()["error"], r.text
+    llm = LLMClient(server.http_url, server.grpc_url, timeout=120)
+    try:
+        if model == "dynamic_batching":
+            assert llm.generate(model, "Still serving", 3, ignore_eos=True).num_output_tokens == 3
+        ready = requests.get(f"http://{server.http_url}/v2/models/{model}/ready", timeout=30)
+        assert ready.status_code == 200
+    finally:
+        llm.close()
+        if model == "static_batching":
+            _reload_from_repository(server)
+        else:
+            requests.post(f"http://{server.http_url}/v2/repository/models/{model}/unload", timeout=120)
+            assert requests.post(f"http://{server.http_url}/v2/repository/models/{model}/load",
+                                 timeout=300).status_code == 200

@@ -9,7 +9,7 @@ from tritonclient.grpc import model_config_pb2
 
 from batchlm.engine_config import EngineConfig
 from batchlm.serving.request_schema import INPUTS, OUTPUTS
-from batchlm.serving.serving_config import ServingConfig
+from batchlm.serving.serving_config import ServingConfig, check_batch_fits
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
@@ -84,3 +84,20 @@ def test_stream_interval_is_parsed_and_checked():
     for bad in ("0", "four"):
         with pytest.raises(ValueError, match="stream_interval"):
             ServingConfig.from_parameters({"stream_interval": bad})
+
+
+def test_a_request_level_batch_must_fit_the_kv_pool_and_max_num_seqs():
+    # The shipped static and dynamic batches fit exactly: 8 rows x 64 blocks of 16 = 512 blocks.
+    static, dynamic = (ServingConfig.from_parameters(params(load(n))) for n in MODELS[:2])
+    check_batch_fits(static.engine, static.batch_size, "batch_size")
+    check_batch_fits(dynamic.engine, load("dynamic_batching").max_batch_size, "max_batch_size")
+    # Before, these loaded, and then every full batch failed as a whole.
+    with pytest.raises(ValueError, match=r"^batch_size: 16 rows exceed max_num_seqs=8"):
+        check_batch_fits(static.engine, 16, "batch_size")
+    wide = EngineConfig(max_num_seqs=16)
+    with pytest.raises(ValueError, match=r"^max_batch_size: 16 rows of max_model_len=1024 need 1024 KV blocks"):
+        check_batch_fits(wide, 16, "max_batch_size")
+    long = EngineConfig(max_model_len=2048)  # one 2048-token row fits 512 blocks; eight do not
+    with pytest.raises(ValueError, match="need 1024 KV blocks of 16 tokens, num_kv_blocks is 512"):
+        check_batch_fits(long, 8, "batch_size")
+    check_batch_fits(EngineConfig(max_num_seqs=16, num_kv_blocks=1024), 16, "max_batch_size")

@@ -4,11 +4,13 @@ from batchlm.batch_generator import BatchGenerator
 from batchlm.serving import triton_io
 from batchlm.serving.dynamic_service import DynamicBatchingService
 from batchlm.serving.metrics import ModelMetrics
+from batchlm.serving.serving_config import check_batch_fits
 
 
 class TritonPythonModel:
     def initialize(self, args):
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=False)
+        check_batch_fits(config.engine, triton_io.model_config(args)["max_batch_size"], "max_batch_size")
         generator = BatchGenerator.from_dir(model_dir, config.engine)
         self.service = DynamicBatchingService(generator, ModelMetrics(name, args["model_instance_name"]), name,
                                               config.cancellation_check_period_ms / 1000)

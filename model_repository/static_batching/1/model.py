@@ -4,12 +4,14 @@ from batchlm.batch_generator import BatchGenerator
 from batchlm.serving import triton_io
 from batchlm.serving.instance_claim import InstanceClaim
 from batchlm.serving.metrics import ModelMetrics
+from batchlm.serving.serving_config import check_batch_fits
 from batchlm.serving.static_service import StaticBatchingService
 
 
 class TritonPythonModel:
     def initialize(self, args):
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=False)
+        check_batch_fits(config.engine, config.batch_size, "batch_size")
         self.claim = InstanceClaim(args["model_instance_name"])
         self.service = StaticBatchingService(lambda: BatchGenerator.from_dir(model_dir, config.engine),
                                              ModelMetrics(name, args["model_instance_name"]), config.batch_size,
