@@ -40,6 +40,23 @@ INPUT_DTYPES: dict[str, type] = {
 }
 
 
+def end_id(eos_token_ids: Sequence[int] | frozenset[int]) -> int | None:
+    """The one id the engine stops at (`end_id`; the backend takes a single one): the smallest of the
+    checkpoint's EOS ids, or None where it has none."""
+    return min(eos_token_ids) if eos_token_ids else None
+
+
+def engine_ends_by_itself(output_ids: Sequence[int], params: SamplingParams, engine_end_id: int | None) -> bool:
+    """Whether the engine has ended this request on its own after `output_ids`: at `max_tokens`, or at
+    its `end_id` where the request carried one (not under `ignore_eos`). Where the front ended the text
+    otherwise (a stop string, or an EOS id of the checkpoint other than `end_id`), the engine runs on
+    until it is sent a stop."""
+    if len(output_ids) >= params.max_tokens:
+        return True
+    return (engine_end_id is not None and not params.ignore_eos and bool(output_ids)
+            and output_ids[-1] == engine_end_id)
+
+
 def request_inputs(prompt_ids: Sequence[int], params: SamplingParams, stream: bool,
                    eos_token_id: int | None, pad_token_id: int) -> dict[str, np.ndarray]:
     """The tensors of one generation request (batch of 1)."""

@@ -37,7 +37,7 @@ from batchlm.request_output import RequestOutput
 from batchlm.sampling import SamplingParams
 from batchlm.scheduler import check_request_size
 from batchlm.sequence import FinishReason, Sequence
-from batchlm.serving import triton_io
+from batchlm.serving import triton_io, trtllm_protocol
 from batchlm.serving.bls_reaper import BlsReaper
 from batchlm.serving.cancellation_watcher import CancellationWatcher
 from batchlm.serving.metrics import ModelMetrics
@@ -94,6 +94,7 @@ class TrtllmFrontService:
         self._name = name
         self._config = config
         self._tokenizer = tokenizer
+        self._end_id = trtllm_protocol.end_id(tokenizer.eos_token_ids)  # the one the engine stops at
         self._backend = backend
         self._metrics = metrics
         self._ids = itertools.count()
@@ -216,9 +217,10 @@ class TrtllmFrontService:
             self._stop_engine_request(flight)
 
     def _engine_still_generating(self, seq: Sequence) -> bool:
-        """A stop string ended the text: the engine, which stops only at EOS or max_tokens, goes on."""
-        return (seq.finish_reason is FinishReason.STOP and seq.num_output_tokens < seq.params.max_tokens
-                and seq.output_ids[-1] not in self._tokenizer.eos_token_ids)
+        """The front ended the text (a stop string, or an EOS id other than the engine's `end_id`): the
+        engine, which stops only at its `end_id` or max_tokens, goes on."""
+        return (seq.finish_reason is FinishReason.STOP
+                and not trtllm_protocol.engine_ends_by_itself(seq.output_ids, seq.params, self._end_id))
 
     def _on_engine_done(self, flight: _Flight) -> None:
         """The engine sent its final response and the text has not ended: finish it here."""

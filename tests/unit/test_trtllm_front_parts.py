@@ -61,6 +61,24 @@ def test_every_tensor_sent_is_declared_by_the_shipped_engine_config_with_its_typ
     assert set(trtllm_protocol.BACKEND_OUTPUTS) <= {o.name for o in load("tensorrt_llm").output}
 
 
+def test_the_front_knows_when_the_engine_ends_a_request_by_itself():
+    # A checkpoint with two EOS ids (2 and 7): the engine is sent the smallest as its end_id.
+    end = trtllm_protocol.end_id(frozenset({7, 2}))
+    assert end == 2 and trtllm_protocol.end_id(frozenset()) is None
+    ends = trtllm_protocol.engine_ends_by_itself
+    params = SamplingParams(max_tokens=5)
+    assert ends([4, 2], params, end)  # its end_id
+    assert ends([4, 5, 6, 7, 8], params, end)  # max_tokens
+    # The front's text ended at the other EOS id (or at a stop string): the engine goes on and must be
+    # stopped. Before, any EOS id of the checkpoint read as the engine's own end, so none was sent and
+    # the engine ran to max_tokens in a slot of max_in_flight.
+    assert not ends([4, 7], params, end)
+    assert not ends([4, 9], params, end)
+    # Under ignore_eos the engine got no end_id: an id equal to it ends nothing.
+    assert not ends([4, 2], SamplingParams(max_tokens=5, ignore_eos=True), end)
+    assert not ends([4, 2], params, None)
+
+
 def test_new_token_ids_reads_beam_zero_up_to_its_length():
     assert trtllm_protocol.new_token_ids(np.array([[[4, 5, 6, 0]]], np.int32), np.array([[3]], np.int32)) == [4, 5, 6]
     assert trtllm_protocol.new_token_ids(np.array([[[7]]], np.int32), None) == [7]

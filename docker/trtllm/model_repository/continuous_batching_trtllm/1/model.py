@@ -1,6 +1,6 @@
 """continuous_batching_trtllm: a thin adapter; the front lives in batchlm.serving.trtllm_service."""
 
-from batchlm.serving import triton_io
+from batchlm.serving import triton_io, trtllm_protocol
 from batchlm.serving.bls_reaper import BlsReaper
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.trtllm_bls import TrtllmBls
@@ -16,7 +16,7 @@ class TritonPythonModel:
         triton_io.require_transaction_policy(config, decoupled=True)
         front = TrtllmFrontConfig.from_parameters(triton_io.parameters(config))
         tokenizer = Tokenizer.from_dir(triton_io.resolve_model_dir(front.model_dir))
-        eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
+        eos = trtllm_protocol.end_id(tokenizer.eos_token_ids)
         pad = eos if eos is not None else 0
         reaper = BlsReaper()
         self.service = TrtllmFrontService(name, front, tokenizer, TrtllmBls(front.backend_model, eos, pad, reaper),
