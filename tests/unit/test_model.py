@@ -355,13 +355,14 @@ def test_bench_forward_times_decode_and_prefill_per_batch_size():
     from batchlm.triton_server import PROJECT_ROOT
 
     proc = subprocess.run([sys.executable, "scripts/bench_forward.py", "--batch-sizes", "1,2", "--iters", "3",
-                           "--context", "20", "--prompt-len", "20", "--dtype", "bfloat16", "--profile"],
+                           "--context", "20", "--prompt-len", "20", "--dtype", "float32", "--profile"],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("batch")]
     assert len(lines) == 2 and all("ms/step" in line and "per prompt token" in line for line in lines), proc.stdout
     assert "GFLOP/s" in proc.stdout.splitlines()[0], proc.stdout  # the matmul's rate first
-    assert f"linears: {auto_linear_backend(torch.bfloat16)}" in proc.stdout.splitlines(), proc.stdout
+    # NOTE: float32: bfloat16 took 68 s here against 8 s (on a CPU without AVX-512 BF16 oneDNN emulates it)
+    assert f"linears: {auto_linear_backend(torch.float32)}" in proc.stdout.splitlines(), proc.stdout
     split = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
     assert [line.split(":")[0] for line in split] == ["decode", "prefill"] * 2, proc.stdout
     for line in split:  # linears (with their rate), attention and the rest, each a positive time
