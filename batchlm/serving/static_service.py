@@ -45,7 +45,12 @@ class StaticBatchingService:
                  max_waiting: int, model_name: str, is_ready: Callable[[], bool] | None = None,
                  watch_interval: float = 0.5, is_superseded: Callable[[], bool] = lambda: False,
                  cancel_check_period: float = 0.1) -> None:
-        """Builds the generator on the worker thread and returns when it is built (or raises)."""
+        """Builds the generator on the worker thread and returns when it is built (or raises).
+
+        Raises InvalidArgument("max_waiting") if `max_waiting` < `batch_size`: no batch could ever fill."""
+        if max_waiting < batch_size:
+            raise InvalidArgument("max_waiting", f"{max_waiting} is below batch_size={batch_size}: requests "
+                                                 "past it are refused, so no batch could ever fill")
         self._metrics = metrics
         self._cancel_check_period = cancel_check_period
         self._batch_size = batch_size
@@ -129,8 +134,12 @@ class StaticBatchingService:
             ids = {id(sender) for sender in cancelled}
             removed = [s for _, s in self._parked if id(s) in ids]
             self._parked = [(r, s) for r, s in self._parked if id(s) not in ids]
+            waiting = len(self._parked) + self._batches.qsize() * self._batch_size
         for sender in removed:
             triton_io.send_final_quietly(sender, triton_io.cancelled_response(self._name))
+        if removed:  # NOTE: pushed now: with nothing left parked the watchdog flushes nothing more
+            self._metrics.record_queue(waiting, self._running, *self._generator.kv_usage())
+            self._metrics.flush()
 
     def _watch(self, is_ready: Callable[[], bool], is_superseded: Callable[[], bool], interval: float) -> None:
         """Every `interval` while requests are parked: close those whose clients cancelled, and fail the

@@ -70,3 +70,33 @@ def _ask(server, model, i):
         return client.infer_grpc(model, f"Still there {i}?", 4, ignore_eos=True)
     finally:
         client.close()
+
+
+def test_parked_requests_whose_clients_cancelled_leave_the_waiting_gauge(server):
+    """static_batching closes parked requests whose clients cancelled (CANCELLED) and then reads 0
+    waiting. Before, the gauge kept the count from before the drop until the next request came: with
+    nothing parked the watchdog pushes nothing."""
+    model = "static_batching"
+    metadata = LLMClient(server.http_url, server.grpc_url)
+    config = metadata.model_config(model)
+    metadata.close()
+    errors, clients = [], []
+    for i in range(3):
+        c = grpcclient.InferenceServerClient(server.grpc_url)
+        c.start_stream(callback=lambda result, error: errors.append(error))
+        c.async_stream_infer(model, grpc_inputs(request_fields(f"Parked {i}", 4, ignore_eos=True), config))
+        clients.append(c)
+    deadline = time.monotonic() + 30
+    while metric_value(server, "batchlm_waiting_requests", model) != 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric_value(server, "batchlm_waiting_requests", model) == 3
+    for c in clients:
+        c.stop_stream(cancel_requests=True)
+        c.close()
+    deadline = time.monotonic() + 10
+    while metric_value(server, "batchlm_waiting_requests", model) != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric_value(server, "batchlm_waiting_requests", model) == 0
+    # and the next full batch is served as before
+    with ThreadPoolExecutor(8) as pool:
+        assert [r.num_output_tokens for r in pool.map(lambda i: _ask(server, model, i), range(8))] == [4] * 8

@@ -119,16 +119,24 @@ def _load(server, config: dict | None = None) -> None:
 
 
 def test_overload_is_refused_with_unavailable_and_503(server):
-    """Beyond `max_waiting` parked requests, a request is refused at once: gRPC status UNAVAILABLE,
-    HTTP /infer 503, and the parked requests are untouched (here, until the model is unloaded)."""
+    """Beyond `max_waiting` waiting requests (parked, or in full batches behind the running one), a
+    request is refused at once: gRPC status UNAVAILABLE, HTTP /infer 503, and the others are untouched.
+    Here batches of 2 and max_waiting 2: one batch runs, one full batch waits."""
     config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
+    config["parameters"]["batch_size"]["string_value"] = "2"
     config["parameters"]["max_waiting"]["string_value"] = "2"
-    unload = f"http://{server.http_url}/v2/repository/models/static_batching/unload"
     _load(server, config)
     try:
-        with ThreadPoolExecutor(2) as pool:
-            parked = [pool.submit(_send, server, i) for i in range(2)]
-            time.sleep(2.0)
+        with ThreadPoolExecutor(4) as pool:
+            running = [pool.submit(_send, server, i, max_tokens=900) for i in range(2)]
+            deadline = time.monotonic() + 30
+            while (metric_value(server, "batchlm_running_requests", "static_batching") != 2
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+            waiting = [pool.submit(_send, server, i) for i in range(2, 4)]
+            while (metric_value(server, "batchlm_waiting_requests", "static_batching") != 2
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
             for protocol in ("infer", "grpc", "http"):
                 started = time.monotonic()
                 with pytest.raises(RequestFailed) as info:
@@ -136,12 +144,22 @@ def test_overload_is_refused_with_unavailable_and_503(server):
                 assert time.monotonic() - started < 5.0
                 assert info.value.status in UNAVAILABLE[protocol], (protocol, info.value)
                 assert "static_batching is overloaded: 2 requests already waiting" in info.value.message
-            assert not any(f.done() for f in parked)
-            assert requests.post(unload, timeout=60).status_code == 200
-            for f in parked:
-                with pytest.raises(RequestFailed) as info:
-                    f.result(timeout=60)
-                assert "unloaded" in info.value.message
+            assert not any(f.done() for f in running + waiting)
+            results = [f.result(timeout=120)[1] for f in running + waiting]
+        assert [r.num_output_tokens for r in results] == [900, 900, 6, 7]
+    finally:
+        _reload_from_repository(server)
+
+
+def test_a_max_waiting_below_the_batch_size_is_refused_at_load(server):
+    """With fewer requests allowed to wait than a batch holds, no batch could ever fill. Before, such a
+    config loaded, parked max_waiting requests for ever and refused the rest."""
+    config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
+    config["parameters"]["max_waiting"]["string_value"] = "4"
+    r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/load",
+                      json={"parameters": {"config": json.dumps(config)}}, timeout=300)
+    try:
+        assert r.status_code == 400 and "max_waiting: 4 is below batch_size=8" in r.json()["error"], r.text
     finally:
         _reload_from_repository(server)
 
