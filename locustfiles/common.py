@@ -156,6 +156,16 @@ def failure(status: str, message: str) -> Exception:
     return ServerError(text)
 
 
+def broken(exc: Exception) -> Exception:
+    """The failure for an answer that could not be read to its end (the connection broke, a response
+    that does not parse): a RequestFailed keeps its status; anything else is a ServerError
+    `[client] <type>: <message>`. Raised, it would escape the user's task without an E2E event."""
+    status, message = getattr(exc, "status", None), getattr(exc, "message", None)
+    if isinstance(status, str) and isinstance(message, str):
+        return failure(status, message)
+    return ServerError(f"[client] {type(exc).__name__}: {exc}")
+
+
 class RequestTimer:
     """Times one request and reports its TTFT and E2E events to Locust."""
 

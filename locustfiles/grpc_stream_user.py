@@ -68,6 +68,8 @@ class TritonGrpcStreamUser(User):
         try:
             self.triton.async_stream_infer(self.options.model, inputs, enable_empty_final_response=True)
             tokens, error, ended = self._drain(responses, timer)
+        except Exception as exc:  # noqa: BLE001 - a broken stream is this request's failure, not the task's
+            tokens, error = 0, common.broken(exc)
         finally:
             # NOTE: cancels the request on the server if this user is stopped mid-request or timed out;
             # never a finished one: cancelling a stream whose last response had arrived left tritonserver

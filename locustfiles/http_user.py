@@ -76,7 +76,10 @@ class TritonHttpUser(FastHttpUser):
         with self.client.post(f"/v2/models/{model}/{endpoint}", json=body,
                               name=timer.name, catch_response=True, stream=True,
                               headers={"Accept-Encoding": "identity"}) as response:
-            tokens, error = _read(response, timer, self.options.stream, infer=protocol == "infer")
+            try:
+                tokens, error = _read(response, timer, self.options.stream, infer=protocol == "infer")
+            except Exception as exc:  # noqa: BLE001 - a broken answer is this request's failure, not the task's
+                tokens, error = 0, common.broken(exc)
             response.request_meta.update(request_type="E2E", response_time=timer.elapsed_ms(),
                                          response_length=tokens)
             if error is None:
@@ -102,13 +105,16 @@ def _read(response, timer: common.RequestTimer, stream: bool, infer: bool = Fals
         tokens = _scalar(body["num_output_tokens"])
         timer.first_output(tokens)
         return tokens, None
-    tokens = 0
+    tokens, finish = 0, None
     for event in _sse_events(response):
         if "error" in event:
             return tokens, common.failure("stream", event["error"])
         tokens = _scalar(event["num_output_tokens"])
+        finish = _text(event.get("finish_reason", "-"))  # NOTE: "-": a model without the output
         if event.get("text_output") or tokens:
             timer.first_output(tokens)
+    if not finish:  # the stream closed before the response that ends the request
+        return tokens, common.ServerError(f"[stream] ended after {tokens} tokens without its final response")
     return tokens, None
 
 
@@ -119,6 +125,12 @@ def _sse_events(response):
         line = line.strip()
         if line.startswith(b"data:"):
             yield json.loads(line[len(b"data:"):])
+
+
+def _text(value) -> str:
+    while isinstance(value, list):
+        value = value[0] if value else ""
+    return str(value)
 
 
 def _scalar(value) -> int:

@@ -14,6 +14,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,56 @@ def test_http_user_refuses_infer_for_a_decoupled_model(server, tmp_path, args, s
               tmp_path / "locust.log", timeout=60)
     log = (tmp_path / "locust.log").read_text()
     assert rc == status and message in log, log[-3000:]
+
+
+class _BrokenStream(BaseHTTPRequestHandler):
+    """`/generate_stream` that sends one event, then a line that is not JSON ("malformed"), or closes
+    the connection before the response that ends the request ("truncated")."""
+
+    mode = "malformed"
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(b'data: {"text_output": "a", "num_output_tokens": 1, "finish_reason": ""}\n\n')
+        if self.mode == "malformed":
+            self.wfile.write(b"data: {not json\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("malformed", "[client] JSONDecodeError: "),
+    ("truncated", "[stream] ended after 1 tokens without its final response"),
+])
+def test_a_stream_that_breaks_is_a_failed_request(tmp_path, mode, message):
+    """A stream that cannot be read to its end is an E2E failure with its reason. Before, a malformed
+    event raised out of the user's task (Locust counted an exception, no E2E event and no failure wait),
+    and a stream cut before its final response counted as a success."""
+    _BrokenStream.mode = mode
+    broken = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenStream)
+    threading.Thread(target=broken.serve_forever, daemon=True).start()
+    prefix = tmp_path / "run"
+    try:
+        rc = _run(["-f", HTTP_USER, "--headless", "--host", f"http://127.0.0.1:{broken.server_port}",
+                   "--model", "continuous_batching", "-u", "1", "-r", "1", "-t", "3s", "--failure-wait", "0.2",
+                   "--csv", str(prefix), *SHORT_OUTPUTS], tmp_path / "locust.log", timeout=60)
+    finally:
+        broken.shutdown()
+        broken.server_close()
+    log = (tmp_path / "locust.log").read_text()
+    assert rc == 1, log[-3000:]  # requests failed
+    failures = _rows(Path(f"{prefix}_failures.csv"))
+    assert failures and all(r["Method"] == "E2E" and message in r["Error"] for r in failures), failures
+    assert _rows(Path(f"{prefix}_exceptions.csv")) == [], log[-3000:]
+    e2e = _event_rows(prefix)["E2E http continuous_batching"]
+    assert int(e2e["Failure Count"]) == int(e2e["Request Count"]) > 0
 
 
 def overload_repository(path: Path) -> Path:
