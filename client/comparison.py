@@ -71,8 +71,8 @@ def load_table(docs: dict[str, dict], reference: str) -> str:
         doc = docs[f"{name}/{reference}"]
         seqs, idle = seqs_per_forward(doc), no_forward_fraction(doc)
         cells = ["-" if seqs is None else f"{seqs:.2f}", "-" if idle is None else f"{1 - idle:.0%}"]
-        lines.append(f"| {name} | {' | '.join(cells)} | {_q(doc, 'e2e', 'p50'):.3f} | "
-                     f"{_q(doc, 'ttft', 'p50'):.3f} |")
+        lines.append(f"| {name} | {' | '.join(cells)} | {_fmt(_q(doc, 'e2e', 'p50'), '.3f')} | "
+                     f"{_fmt(_q(doc, 'ttft', 'p50'), '.3f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -88,8 +88,19 @@ def saturated_tok(result: dict) -> float:
     return window["output_token_throughput"] if window else figures["output_token_throughput"]
 
 
-def _q(doc: dict, metric: str, key: str) -> float:
+def _q(doc: dict, metric: str, key: str) -> float | None:
+    """A latency statistic of a run; None where no request of it succeeded."""
     return doc["summary"][metric][key]
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    """`value` formatted, or "-" where there is none (no metrics samples, no request that succeeded)."""
+    return "-" if value is None else format(value, spec)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None where either is missing or b is 0 (a strategy with no successful request)."""
+    return None if a is None or b is None or b == 0 else a / b
 
 
 def seed_table(docs: dict[str, dict], reference: str) -> str:
@@ -100,9 +111,10 @@ def seed_table(docs: dict[str, dict], reference: str) -> str:
     for name in STRATEGIES:
         sat, ref = docs[f"{name}/saturation"], docs[f"{name}/{reference}"]
         idle, empty = idle_fraction(sat, 8), no_forward_fraction(sat)
-        idle_text = f"{idle:.0%} of slots empty or padding; no forward in {empty:.0%} of samples"
-        latency = (f"E2E p50 {_q(ref, 'e2e', 'p50'):.1f} s / p99 {_q(ref, 'e2e', 'p99'):.1f} s; "
-                   f"TTFT p50 {_q(ref, 'ttft', 'p50'):.2f} s")
+        idle_text = (f"{_fmt(idle, '.0%')} of slots empty or padding; no forward in {_fmt(empty, '.0%')} "
+                     "of samples")
+        latency = (f"E2E p50 {_fmt(_q(ref, 'e2e', 'p50'), '.1f')} s / p99 {_fmt(_q(ref, 'e2e', 'p99'), '.1f')} s; "
+                   f"TTFT p50 {_fmt(_q(ref, 'ttft', 'p50'), '.2f')} s")
         throughput = (f"{saturated_tok(sat):.0f} output tok/s while saturated ({_tok(sat):.0f} over the whole "
                       f"run, {sat['summary']['request_throughput']:.2f} req/s)")
         unit, best = SEED_ROWS[name]
@@ -116,30 +128,32 @@ def targets(docs: dict[str, dict], reference: str, bound: float, engine: dict) -
     same_kv = docs["continuous_batching_same_kv/saturation"]
     streamed = docs.get("continuous_batching_streamed/saturation")
     ref_c, ref_d = docs[f"continuous_batching/{reference}"], docs[f"dynamic_batching/{reference}"]
-    sat = saturated_tok
+    sat, r = saturated_tok, _ratio
     rows = [  # what, measured (while saturated), whole run, limit, op
         ("continuous / static output tok/s at saturation, 8 seqs each, one response per request",
-         sat(cont) / sat(static), _tok(cont) / _tok(static), 2.3, ">="),
+         r(sat(cont), sat(static)), r(_tok(cont), _tok(static)), 2.3, ">="),
         ("continuous / dynamic output tok/s at saturation, 8 seqs each, one response per request",
-         sat(cont) / sat(dyn), _tok(cont) / _tok(dyn), 2.3, ">="),
+         r(sat(cont), sat(dyn)), r(_tok(cont), _tok(dyn)), 2.3, ">="),
         ("step-count bound E[longest of 8] / E[mean] of the workload", bound, None, None, ""),
-        ("continuous (same KV memory) / static output tok/s at saturation", sat(same_kv) / sat(static),
-         _tok(same_kv) / _tok(static), 5.0, ">="),
+        ("continuous (same KV memory) / static output tok/s at saturation", r(sat(same_kv), sat(static)),
+         r(_tok(same_kv), _tok(static)), 5.0, ">="),
         (f"continuous / dynamic p50 E2E at {ref_d['arrival']['label']}",
-         _q(ref_c, "e2e", "p50") / _q(ref_d, "e2e", "p50"), None, 0.5, "<="),
+         r(_q(ref_c, "e2e", "p50"), _q(ref_d, "e2e", "p50")), None, 0.5, "<="),
         (f"continuous / dynamic p50 TTFT at {ref_d['arrival']['label']}",
-         _q(ref_c, "ttft", "p50") / _q(ref_d, "ttft", "p50"), None, 0.25, "<="),
+         r(_q(ref_c, "ttft", "p50"), _q(ref_d, "ttft", "p50")), None, 0.25, "<="),
         ("continuous through Triton / engine in process, output tok/s at saturation",
-         sat(cont) / sat(engine), _tok(cont) / engine["output_token_throughput"], 0.85, ">="),
+         r(sat(cont), sat(engine)), r(_tok(cont), engine["output_token_throughput"]), 0.85, ">="),
     ]
     if streamed is not None:  # informative: what a response per token costs on this machine
         rows += [("continuous streamed / not streamed, output tok/s at saturation",
-                  sat(streamed) / sat(cont), _tok(streamed) / _tok(cont), None, ""),
-                 ("continuous streamed / static output tok/s at saturation", sat(streamed) / sat(static),
-                  _tok(streamed) / _tok(static), None, "")]
+                  r(sat(streamed), sat(cont)), r(_tok(streamed), _tok(cont)), None, ""),
+                 ("continuous streamed / static output tok/s at saturation", r(sat(streamed), sat(static)),
+                  r(_tok(streamed), _tok(static)), None, "")]
     out = []
     for what, value, whole_run, limit, op in rows:
-        holds = None if limit is None else (value >= limit if op == ">=" else value <= limit)
+        # NOTE: a figure that could not be measured (a strategy with no successful request) does not hold
+        holds = None if limit is None else (
+            value is not None and (value >= limit if op == ">=" else value <= limit))
         out.append({"target": what, "measured": value, "whole_run": whole_run,
                     "required": f"{op} {limit}" if limit else "-", "holds": holds})
     return out
@@ -151,7 +165,7 @@ def targets_table(rows: list[dict]) -> str:
     for r in rows:
         holds = "-" if r["holds"] is None else ("yes" if r["holds"] else "NO")
         whole = "-" if r.get("whole_run") is None else f"{r['whole_run']:.2f}"
-        measured = f"{r['measured']:.2f}"
+        measured = "-" if r["measured"] is None else f"{r['measured']:.2f}"
         if r["holds"] is not None and measured == f"{float(r['required'].split()[-1]):.2f}":
             measured = f"{r['measured']:.3f}"  # NOTE: on the line at 2 digits: show which side it fell on
         lines.append(f"| {r['target']} | {measured} | {whole} | {r['required']} | {holds} |")

@@ -22,17 +22,24 @@ def _color(name: str) -> str:
 
 
 def throughput_latency(series: dict[str, list[dict]], path: Path) -> None:
-    """Output tokens/s (x) against p50 and p99 E2E latency (y), one line per strategy."""
+    """Output tokens/s (x) against p50 and p99 E2E latency (y), per strategy: a line through its open-loop
+    points and a cross for each closed-loop run (saturation, where latency is queueing at the client's
+    concurrency, not a point of the same curve). Runs without a successful request are left out."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, key in zip(axes, ("p50", "p99")):
         for name, docs in series.items():
-            docs = sorted(docs, key=lambda d: d["summary"]["output_token_throughput"])
-            x = [d["summary"]["output_token_throughput"] for d in docs]
-            y = [d["summary"]["e2e"][key] for d in docs]
-            ax.plot(x, y, "o-", label=name, color=_color(name))
+            docs = sorted((d for d in docs if d["summary"]["e2e"][key] is not None),
+                          key=lambda d: d["summary"]["output_token_throughput"])
+            for closed in (False, True):
+                chosen = [d for d in docs if (d["arrival"]["mode"] == "closed") == closed]
+                x = [d["summary"]["output_token_throughput"] for d in chosen]
+                y = [d["summary"]["e2e"][key] for d in chosen]
+                if chosen:
+                    ax.plot(x, y, "x" if closed else "o-", color=_color(name), markersize=9 if closed else 6,
+                            label=f"{name} (closed loop)" if closed else name)
         ax.set_xlabel("output tokens/s")
         ax.set_ylabel(f"{key} end-to-end latency (s)")
-        ax.set_title(f"throughput vs {key} latency (open-loop Poisson sweep)")
+        ax.set_title(f"throughput vs {key} latency (open-loop Poisson points; x: closed loop)")
         ax.grid(alpha=0.3)
         ax.legend()
     _save(fig, path)

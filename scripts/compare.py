@@ -38,6 +38,9 @@ import sys
 import time
 from pathlib import Path
 
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchlm.engine_config import EngineConfig  # noqa: E402
@@ -46,7 +49,7 @@ from batchlm.triton_server import (DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServe
                                   exit_cleanly_on_sigterm, free_port)
 from client import comparison, plots  # noqa: E402
 from client.arrivals import ArrivalSpec  # noqa: E402
-from client.benchmark import Benchmark, BenchmarkConfig  # noqa: E402
+from client.benchmark import Benchmark, BenchmarkConfig, unfillable_batches  # noqa: E402
 from client.engine_baseline import engine_throughput  # noqa: E402
 from client.report import markdown_table, measure, summary_row, write_run  # noqa: E402
 from client.triton_llm import STREAMING_PROTOCOLS  # noqa: E402
@@ -68,7 +71,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=128, help="per saturation run (multiple of 8)")
     p.add_argument("--num-open", type=int, default=48, help="per open-loop point (multiple of 8)")
     p.add_argument("--num-reference", type=int, default=96,
-                   help="at the open-loop point of the latency targets (0.5x dynamic's saturation rate)")
+                   help="at the open-loop point of the latency targets (0.5x dynamic's saturation rate; "
+                        "multiple of 8)")
     p.add_argument("--repeats", type=int, default=3, help="saturation runs per strategy; the median counts")
     p.add_argument("--same-kv-seqs", type=int, default=64)
     p.add_argument("--same-kv-requests", type=int,
@@ -300,9 +304,29 @@ class Comparison:
                 plots.timeline(doc, folder / f"timeline_{role.split('/')[0]}.png")
 
 
+def unrunnable(args: argparse.Namespace, repository: Path = DEFAULT_REPOSITORY) -> str | None:
+    """Why static batching could not answer every request of some run of this compare, or None. Asked
+    before anything runs: the benchmark would refuse the run (`unfillable_batches`) only when it reaches
+    static batching, after the other strategies' runs, with no comparison.json for --report-only yet."""
+    config = json_format.MessageToDict(
+        text_format.Parse((repository / STATIC / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()),
+        preserving_proto_field_name=True)
+    runs = [("--num-requests / --concurrency", args.num_requests, ArrivalSpec.closed_loop(args.concurrency)),
+            ("--num-open", args.num_open, ArrivalSpec.open_loop(1.0)),
+            ("--num-reference", args.num_reference, ArrivalSpec.open_loop(1.0))]
+    for option, count, arrival in runs:
+        problem = unfillable_batches(config, count, arrival)
+        if problem is not None:
+            return f"{option}: {problem}"
+    return None
+
+
 def main() -> None:
     args = parse_args()
     exit_cleanly_on_sigterm()
+    if not args.report_only and (problem := unrunnable(args)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     args.out.mkdir(parents=True, exist_ok=True)
     comparison_run = Comparison(args)
     if args.report_only:

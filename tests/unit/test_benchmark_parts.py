@@ -290,3 +290,53 @@ def test_sweep_rows_take_medians_over_rounds_and_add_up_answers_and_failures():
                            {"cpu": "Some CPU", "cpu_count": 2})
     assert "Machine: Some CPU x2" in table
     assert "| 0 | 3.000 | 3.000 | 1.000 | 200.0 | - | 2.000 |" in table
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--num-reference", "100"], "--num-reference: static_batching answers only full batches of 8: the last 4 of 100"),
+    (["--concurrency", "4"], "--num-requests / --concurrency: static_batching answers only full batches of 8: "
+                             "closed loop at 4 in flight never fills one"),
+])
+def test_compare_refuses_counts_static_batching_cannot_answer_before_it_measures(tmp_path, args, said):
+    # Before, the benchmark refused the run only on reaching static batching, after the other strategies'
+    # runs (most of an hour), and --report-only then had no comparison.json to rebuild from.
+    import subprocess
+    import sys
+
+    from batchlm.triton_server import PROJECT_ROOT
+
+    out = tmp_path / "compare"
+    proc = subprocess.run([sys.executable, "scripts/compare.py", *args, "--out", str(out)], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {said}"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_report_says_what_it_could_not_measure_instead_of_crashing():
+    # Before, seed_table raised TypeError on a run without metrics samples or without a successful
+    # request, and targets ZeroDivisionError where every static request had failed.
+    from client.comparison import STRATEGIES, seed_table, targets
+
+    def doc(tokens, p50, timeline):
+        stats = {"p50": p50, "p99": p50}
+        return {"timeline": timeline, "arrival": {"label": "open-loop poisson 1.00 req/s"},
+                "summary": {"output_token_throughput": tokens, "saturated": None, "request_throughput": 1.0,
+                            "e2e": stats, "ttft": stats}}
+
+    busy = [{"forward_passes": 4, "seqs_per_forward": 8.0}]
+    docs = {}
+    for name in STRATEGIES:
+        docs[f"{name}/saturation"] = doc(100.0, 1.0, busy)
+        docs[f"{name}/point"] = doc(50.0, 1.0, busy)
+    docs["static_batching/saturation"] = doc(0.0, None, [])  # every request failed, no metrics
+    docs["dynamic_batching/point"] = doc(0.0, None, [])
+    docs["continuous_batching_same_kv/saturation"] = doc(400.0, 1.0, busy)
+    rows = {line.split("|")[1].strip(): line for line in seed_table(docs, "point").splitlines()[2:]}
+    assert "| - of slots empty or padding; no forward in - of samples |" in rows["static_batching"]
+    assert "E2E p50 - s / p99 - s; TTFT p50 - s" in rows["dynamic_batching"]
+    found = {r["target"].split(" at ")[0]: r for r in targets(docs, "point", 2.6, {"output_token_throughput": 90.0})}
+    static_ratio = found["continuous / static output tok/s"]
+    assert static_ratio["measured"] is None and static_ratio["holds"] is False
+    assert found["continuous / dynamic p50 E2E"]["measured"] is None
+    assert found["continuous / dynamic output tok/s"]["measured"] == 1.0
+    assert "| - | - | >= 2.3 | NO |" in targets_table([static_ratio])
