@@ -51,6 +51,14 @@ def metric_value(server, name: str, model: str) -> float | None:
     return sum(values) if values else None
 
 
+def metric_reaches(server, name: str, model: str, value: float, timeout: float, poll: float = 0.05) -> float | None:
+    """Poll `metric_value` until it reads `value` or `timeout` seconds pass; the last value read."""
+    deadline = time.monotonic() + timeout
+    while (last := metric_value(server, name, model)) != value and time.monotonic() < deadline:
+        time.sleep(poll)
+    return last
+
+
 def held_by_http_connections(log_text: str) -> bool:
     """Whether a SIGTERM's shutdown waited on open HTTP connections that did not close by themselves.
 

@@ -9,7 +9,7 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from client.triton_llm import LLMClient, grpc_inputs, request_fields
-from tests.functional.conftest import metric_value
+from tests.functional.conftest import metric_reaches, metric_value
 
 MODEL = "continuous_batching"
 
@@ -126,10 +126,7 @@ def test_cancelled_requests_free_their_kv(server, stream):
         c.close()
     # Each stream has 800 - 20 tokens (many seconds) left: only cancellation frees its KV this soon.
     # (Allow for the metrics' 0.1 s push interval and a loaded CI machine.)
-    deadline = time.monotonic() + 2
-    while metric_value(server, "batchlm_kv_blocks_used", MODEL) != 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert metric_value(server, "batchlm_kv_blocks_used", MODEL) == 0
+    assert metric_reaches(server, "batchlm_kv_blocks_used", MODEL, 0, timeout=2) == 0
     # The model keeps serving after the cancellations.
     client = _client(server)
     try:
@@ -213,9 +210,7 @@ def test_overload_refuses_beyond_max_waiting_however_the_engine_thread_is_timed(
     try:
         with ThreadPoolExecutor(13) as pool:
             long = pool.submit(send, 1000)
-            deadline = time.monotonic() + 30
-            while metric_value(server, "batchlm_running_requests", MODEL) != 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            assert metric_reaches(server, "batchlm_running_requests", MODEL, 1, timeout=30) == 1
             burst = list(pool.map(send, [1] * 24))
             long_done, long_status, _ = long.result(300)
     finally:  # back to the repository's config.pbtxt: a load alone would keep the override

@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.triton_llm import LLMClient, grpc_inputs, request_fields
-from tests.functional.conftest import metric_value
+from tests.functional.conftest import metric_reaches, metric_value
 
 ROWS = 8
 MAX_TOKENS = 900  # a short prompt + 900 fits max_model_len (1024); at ~10 ms a step, about 9 s a batch
@@ -86,17 +86,11 @@ def test_parked_requests_whose_clients_cancelled_leave_the_waiting_gauge(server)
         c.start_stream(callback=lambda result, error: errors.append(error))
         c.async_stream_infer(model, grpc_inputs(request_fields(f"Parked {i}", 4, ignore_eos=True), config))
         clients.append(c)
-    deadline = time.monotonic() + 30
-    while metric_value(server, "batchlm_waiting_requests", model) != 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert metric_value(server, "batchlm_waiting_requests", model) == 3
+    assert metric_reaches(server, "batchlm_waiting_requests", model, 3, timeout=30) == 3
     for c in clients:
         c.stop_stream(cancel_requests=True)
         c.close()
-    deadline = time.monotonic() + 10
-    while metric_value(server, "batchlm_waiting_requests", model) != 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert metric_value(server, "batchlm_waiting_requests", model) == 0
+    assert metric_reaches(server, "batchlm_waiting_requests", model, 0, timeout=10) == 0
     # and the next full batch is served as before
     with ThreadPoolExecutor(8) as pool:
         assert [r.num_output_tokens for r in pool.map(lambda i: _ask(server, model, i), range(8))] == [4] * 8

@@ -12,7 +12,7 @@ import requests
 from batchlm.serving.instance_claim import InstanceClaim
 from batchlm.triton_server import TritonServer, free_port
 from client.triton_llm import LLMClient, RequestFailed
-from tests.functional.conftest import held_by_http_connections, metric_value
+from tests.functional.conftest import held_by_http_connections, metric_reaches, metric_value
 
 BATCH = 8
 PROTOCOLS = ("http", "infer", "grpc")
@@ -129,14 +129,9 @@ def test_overload_is_refused_with_unavailable_and_503(server):
     try:
         with ThreadPoolExecutor(4) as pool:
             running = [pool.submit(_send, server, i, max_tokens=900) for i in range(2)]
-            deadline = time.monotonic() + 30
-            while (metric_value(server, "batchlm_running_requests", "static_batching") != 2
-                   and time.monotonic() < deadline):
-                time.sleep(0.05)
+            assert metric_reaches(server, "batchlm_running_requests", "static_batching", 2, timeout=30) == 2
             waiting = [pool.submit(_send, server, i) for i in range(2, 4)]
-            while (metric_value(server, "batchlm_waiting_requests", "static_batching") != 2
-                   and time.monotonic() < deadline):
-                time.sleep(0.05)
+            assert metric_reaches(server, "batchlm_waiting_requests", "static_batching", 2, timeout=30) == 2
             for protocol in ("infer", "grpc", "http"):
                 started = time.monotonic()
                 with pytest.raises(RequestFailed) as info:

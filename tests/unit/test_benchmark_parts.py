@@ -80,14 +80,17 @@ class _MetricsPage(BaseHTTPRequestHandler):
     tokens = 100  # the counter the page shows; a test moves it
 
     def do_GET(self):  # noqa: N802 - http.server's name
-        body = f'batchlm_generated_tokens_total{{model="m"}} {type(self).tokens}\n'.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _reply(self, f'batchlm_generated_tokens_total{{model="m"}} {type(self).tokens}\n'.encode())
 
     def log_message(self, *args):
         pass
+
+
+def _reply(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 @contextlib.contextmanager
@@ -107,11 +110,7 @@ class _ConfigPage(BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 - http.server's name
         _ConfigPage.reads.append(self.path)
-        body = b'{"name": "m", "model_transaction_policy": {"decoupled": true}}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _reply(self, b'{"name": "m", "model_transaction_policy": {"decoupled": true}}')
 
     def log_message(self, *args):
         pass
