@@ -55,6 +55,11 @@ class LLMEngine:
 
     def _setup(self, model: torch.nn.Module, tokenizer: Tokenizer, config: EngineConfig,
                kv_policy: KVPolicy) -> None:
+        if config.max_model_len > model.config.max_position_embeddings:
+            # NOTE: the RoPE table ends there: a longer sequence failed its step, and with it every
+            # sequence in flight (IndexError)
+            raise InvalidArgument("max_model_len", f"{config.max_model_len} is beyond the model's "
+                                                   f"max_position_embeddings ({model.config.max_position_embeddings})")
         self.config = config
         self.model = model
         self.tokenizer = tokenizer

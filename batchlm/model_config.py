@@ -90,6 +90,7 @@ class ModelConfig:
                 raise InvalidArgument("num_attention_heads",
                                       "does not divide hidden_size and head_dim is absent")
             head_dim = raw["hidden_size"] // heads
+        raw = _with_rope_parameters(raw)
         scaling = raw.get("rope_scaling")
         if scaling is not None and not isinstance(scaling, dict):
             raise InvalidArgument("rope_scaling", f"must be an object or null, got {scaling!r}")
@@ -117,6 +118,26 @@ class ModelConfig:
             eos_token_ids=token_ids(raw.get("eos_token_id"), "eos_token_id"),
             rope_scaling=tuple(sorted(scaling.items())) if scaling else None,
         )
+
+
+def _with_rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` with newer transformers' `rope_parameters` (`{"rope_type", "rope_theta", "factor", ...}`)
+    read into the `rope_theta` and `rope_scaling` keys this module reads; unchanged without it. Before,
+    such a config loaded with theta 10000 and no scaling, in silence."""
+    params = raw.get("rope_parameters")
+    if params is None:
+        return raw
+    if not isinstance(params, dict):
+        raise InvalidArgument("rope_parameters", f"must be an object or null, got {params!r}")
+    merged = dict(raw)
+    if "rope_theta" in params:
+        merged["rope_theta"] = params["rope_theta"]
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        if raw.get("rope_scaling") not in (None, scaling):
+            raise InvalidArgument("rope_parameters", "disagrees with rope_scaling")
+        merged["rope_scaling"] = scaling
+    return merged
 
 
 def token_ids(value: Any, field: str) -> tuple[int, ...]:

@@ -76,3 +76,19 @@ def test_llama3_rope_scaling_is_accepted():
                "original_max_position_embeddings": 8192}
     cfg = ModelConfig.from_hf_dict({**LLAMA, "rope_scaling": scaling})
     assert dict(cfg.rope_scaling)["factor"] == 32.0
+
+
+def test_newer_transformers_rope_parameters_are_read():
+    # Before, a config with only rope_parameters loaded with theta 10000 and no scaling, in silence.
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    plain = {k: v for k, v in LLAMA.items() if k != "rope_theta"}
+    cfg = ModelConfig.from_hf_dict({**plain, "rope_parameters": {"rope_theta": 500000.0, **scaling}})
+    assert cfg.rope_theta == 500000.0 and dict(cfg.rope_scaling) == scaling
+    assert cfg == ModelConfig.from_hf_dict({**plain, "rope_theta": 500000.0, "rope_scaling": scaling})
+    default = ModelConfig.from_hf_dict({**plain, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+    assert default.rope_theta == 1e6 and default.rope_scaling is None
+    with pytest.raises(InvalidArgument, match="^rope_scaling: type 'yarn' is not supported"):
+        ModelConfig.from_hf_dict({**plain, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(InvalidArgument, match="^rope_parameters: must be an object"):
+        ModelConfig.from_hf_dict({**plain, "rope_parameters": 5})
