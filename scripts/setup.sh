@@ -21,6 +21,12 @@ stamp="$venv/.batchlm-stamp"
 want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   log "creating/updating virtual environment in .venv"
+  # NOTE: a venv whose creation failed half-way (Debian without python3.X-venv: the interpreter is
+  # there, pip is not) is made anew, or every later run would fail at pip.
+  if [[ -x "$venv/bin/python" ]] && ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+    log "removing .venv: an earlier creation did not finish (no pip in it)"
+    rm -rf "$venv"
+  fi
   [[ -x "$venv/bin/python" ]] || "$PYTHON" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[serve,test]"
@@ -66,7 +72,10 @@ PY
     echo "$pytriton_version-$pyver" >"$tstamp"
   fi
   # The stub links against the system's shared libpython (Debian: libpython3.X).
-  if ! ldconfig -p | grep -q "libpython$pyver.so.1.0"; then
+  # NOTE: ldconfig lives in /sbin or /usr/sbin, off a non-root user's PATH on Debian; its listing is read
+  # whole before the match (grep -q stopping early could end it by SIGPIPE, a failure under pipefail).
+  libs="$(PATH="$PATH:/usr/sbin:/sbin" ldconfig -p 2>/dev/null || true)"
+  if [[ "$libs" != *"libpython$pyver.so.1.0"* ]]; then
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
       log "installing libpython$pyver (needed by the Python backend stub)"
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "libpython$pyver" >/dev/null
