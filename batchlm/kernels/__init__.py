@@ -102,6 +102,9 @@ def load() -> bool:
                 _loaded = True
             except (OSError, RuntimeError) as exc:
                 log.warning("batchlm kernels at %s did not load (%s); using the torch path", path, exc)
+        else:  # NOTE: said, not silent: the torch path is slower and its results depend on the batch
+            log.warning("batchlm kernels are not built for this source, torch and CPU (no %s; "
+                        "`python -m batchlm.kernels` builds it); using the torch path", path.name)
     return _loaded
 
 

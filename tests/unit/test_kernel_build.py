@@ -47,3 +47,17 @@ def test_the_loops_over_the_exp_vectorize():
         vectorized = dict(zip([s.name for s in sources], pool.map(vectorized_lines, sources)))
     scalar = {name: [n for n in lines if n not in vectorized[name]] for name, lines in expected.items()}
     assert not any(scalar.values()), f"loops over exp_nonpositive left scalar (file: lines): {scalar}"
+
+
+def test_a_missing_library_is_said_not_silent(tmp_path):
+    """Without a library built for this source, torch and CPU (another machine's build, say, in an
+    image), the engine takes the torch path: slower, and its results depend on the batch. Before, it
+    did so without a word."""
+    import sys
+
+    code = ("import logging, pathlib, sys; from batchlm import kernels; "
+            f"kernels.BUILD_DIR = pathlib.Path({str(tmp_path)!r}); print(kernels.load())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
+    assert "batchlm kernels are not built for this source, torch and CPU" in proc.stderr
+    assert "using the torch path" in proc.stderr
