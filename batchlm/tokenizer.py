@@ -10,9 +10,14 @@ from tokenizers import Tokenizer as HFTokenizer
 from batchlm.model_config import token_ids
 
 _REPLACEMENT = "\ufffd"  # what a decoder emits for bytes that are not (yet) a whole UTF-8 character
-# A UTF-8 character is at most 4 bytes, so a held-back tail longer than this many tokens is not a
-# character still being completed but genuinely invalid bytes: emit it rather than hold it forever.
-_MAX_HELD_TOKENS = 4
+# Text that ends in U+FFFD may still change: the bytes of a character split over tokens decode as U+FFFD
+# until its last byte comes. A lossy UTF-8 decode (byte-level BPE) can change only the last U+FFFD; a
+# byte-fallback decoder turns every byte of an unfinished group into one, and changes them all. So the
+# whole trailing run of U+FFFD is held while it spans fewer than _HOLD_RUN_TOKENS tokens, then all of it
+# but its last character (invalid bytes, say from a model with random weights, are not held for long),
+# and past _MAX_HELD_TOKENS everything goes out (a bound on the decode work per token).
+_HOLD_RUN_TOKENS = 8
+_MAX_HELD_TOKENS = 64
 
 
 class Tokenizer:
@@ -64,7 +69,9 @@ class IncrementalDetokenizer:
 
     Keeps two offsets into prompt + output ids: text is decoded from `prefix_offset` (a few tokens of
     context, so tokenizers that drop a leading space decode a word correctly) and what lies past
-    `read_offset` is new. New text ending in U+FFFD is held back until the next token completes it.
+    `read_offset` is new. A trailing run of U+FFFD in the new text is held back until the next tokens
+    complete it (see _HOLD_RUN_TOKENS); the text before it goes out at once, and `_emitted` counts
+    the characters of the new text already handed out.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
@@ -73,6 +80,7 @@ class IncrementalDetokenizer:
         # NOTE: a few prompt tokens of context, as vLLM does; the prompt's own text is never emitted.
         self.prefix_offset = max(len(self.ids) - 5, 0)
         self.read_offset = len(self.ids)
+        self._emitted = 0
         self.text = ""
 
     def add(self, token_id: int) -> str:
@@ -80,23 +88,32 @@ class IncrementalDetokenizer:
         self.ids.append(token_id)
         prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
         full_text = self.tokenizer.decode(self.ids[self.prefix_offset:])
-        held = len(self.ids) - self.read_offset
-        incomplete = full_text.endswith(_REPLACEMENT) and held < _MAX_HELD_TOKENS
-        if len(full_text) <= len(prefix_text) or incomplete:
+        if len(full_text) <= len(prefix_text) + self._emitted:
             return ""
         new_text = full_text[len(prefix_text):]
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        self.text += new_text
-        return new_text
+        held = len(self.ids) - self.read_offset
+        run = len(new_text) - len(new_text.rstrip(_REPLACEMENT))
+        if run and held < _MAX_HELD_TOKENS:
+            ready = new_text[:len(new_text) - (run if held < _HOLD_RUN_TOKENS else 1)]
+            return self._hand_out(ready)
+        piece = self._hand_out(new_text)
+        self.prefix_offset, self.read_offset, self._emitted = self.read_offset, len(self.ids), 0
+        return piece
 
     def flush(self) -> str:
         """At the end of generation: whatever was held back (possibly an invalid, replaced tail)."""
         prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
         full_text = self.tokenizer.decode(self.ids[self.prefix_offset:])
-        new_text = full_text[len(prefix_text):] if len(full_text) > len(prefix_text) else ""
-        self.prefix_offset = self.read_offset = len(self.ids)
-        self.text += new_text
-        return new_text
+        piece = self._hand_out(full_text[len(prefix_text):])
+        self.prefix_offset, self.read_offset, self._emitted = len(self.ids), len(self.ids), 0
+        return piece
+
+    def _hand_out(self, ready: str) -> str:
+        """The part of `ready` (new text known final) not handed out before."""
+        piece = ready[self._emitted:]
+        self._emitted = max(self._emitted, len(ready))
+        self.text += piece
+        return piece
 
 
 def _read_json(path: Path) -> dict:

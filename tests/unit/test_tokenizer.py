@@ -77,9 +77,24 @@ def test_a_character_split_over_byte_tokens_is_held_back_until_complete(tok):
 def test_invalid_bytes_are_not_held_forever(tok):
     detok = IncrementalDetokenizer(tok, [])
     lone = byte_token_ids(tok, b"\x80")[0]  # a continuation byte with no lead byte: never valid
-    pieces = [detok.add(lone) for _ in range(6)] + [detok.flush()]
-    assert "".join(pieces) == detok.text == tok.decode([lone] * 6)
-    assert any(pieces[:6])
+    pieces = [detok.add(lone) for _ in range(12)] + [detok.flush()]
+    assert "".join(pieces) == detok.text == tok.decode([lone] * 12)
+    assert any(pieces[:12])
+    long = IncrementalDetokenizer(tok, [])
+    pieces = [long.add(lone) for _ in range(70)]  # at the bound on held tokens all of it goes out
+    assert "".join(pieces) == tok.decode([lone] * 64)
+    assert "".join(pieces) + long.flush() == long.text == tok.decode([lone] * 70)
+
+
+@pytest.mark.parametrize("before", [b"\x80", b"\x80\x80\x80", b"\xc3"])
+def test_a_character_split_after_invalid_bytes_comes_out_whole(tok, before):
+    # Before, the invalid bytes counted toward the held tokens: the split emoji went out as U+FFFD when
+    # its third byte came, and its last byte then added no text, so the emoji was lost: "\ufffd\ufffdx".
+    ids = byte_token_ids(tok, before + "😀".encode()) + tok.encode("x")[1:]
+    detok = IncrementalDetokenizer(tok, [tok.bos_token_id])
+    pieces = [detok.add(i) for i in ids] + [detok.flush()]
+    assert "".join(pieces) == detok.text == tok.decode(ids)
+    assert detok.text.endswith("😀x") and "😀" in "".join(pieces)
 
 
 def test_bos_follows_the_post_processor_when_config_is_silent(model_dir, tmp_path):
