@@ -209,7 +209,7 @@ def test_overload_refuses_beyond_max_waiting_however_the_engine_thread_is_timed(
 
     try:
         with ThreadPoolExecutor(13) as pool:
-            long = pool.submit(send, 1000)
+            long = pool.submit(send, 500)
             assert metric_reaches(server, "batchlm_running_requests", MODEL, 1, timeout=30) == 1
             burst = list(pool.map(send, [1] * 24))
             long_done, long_status, _ = long.result(300)

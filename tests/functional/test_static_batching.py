@@ -128,7 +128,7 @@ def test_overload_is_refused_with_unavailable_and_503(server):
     _load(server, config)
     try:
         with ThreadPoolExecutor(4) as pool:
-            running = [pool.submit(_send, server, i, max_tokens=900) for i in range(2)]
+            running = [pool.submit(_send, server, i, max_tokens=500) for i in range(2)]
             assert metric_reaches(server, "batchlm_running_requests", "static_batching", 2, timeout=30) == 2
             waiting = [pool.submit(_send, server, i) for i in range(2, 4)]
             assert metric_reaches(server, "batchlm_waiting_requests", "static_batching", 2, timeout=30) == 2
@@ -141,20 +141,7 @@ def test_overload_is_refused_with_unavailable_and_503(server):
                 assert "static_batching is overloaded: 2 requests already waiting" in info.value.message
             assert not any(f.done() for f in running + waiting)
             results = [f.result(timeout=120)[1] for f in running + waiting]
-        assert [r.num_output_tokens for r in results] == [900, 900, 6, 7]
-    finally:
-        _reload_from_repository(server)
-
-
-def test_a_max_waiting_below_the_batch_size_is_refused_at_load(server):
-    """With fewer requests allowed to wait than a batch holds, no batch could ever fill. Before, such a
-    config loaded, parked max_waiting requests for ever and refused the rest."""
-    config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
-    config["parameters"]["max_waiting"]["string_value"] = "4"
-    r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/load",
-                      json={"parameters": {"config": json.dumps(config)}}, timeout=300)
-    try:
-        assert r.status_code == 400 and "max_waiting: 4 is below batch_size=8" in r.json()["error"], r.text
+        assert [r.num_output_tokens for r in results] == [500, 500, 6, 7]
     finally:
         _reload_from_repository(server)
 
@@ -291,34 +278,38 @@ def _failure(future) -> tuple[str, str]:
     return info.value.status, info.value.message
 
 
-@pytest.mark.parametrize("model, field, value", [
-    ("static_batching", ("parameters", "batch_size"), {"string_value": "16"}),
-    ("dynamic_batching", ("max_batch_size",), 16),
+@pytest.mark.parametrize("model, path, value, said", [
+    ("static_batching", ("parameters", "batch_size", "string_value"), "16", "batch_size: 16 rows exceed max_num_seqs=8"),
+    ("dynamic_batching", ("max_batch_size",), 16, "max_batch_size: 16 rows exceed max_num_seqs=8"),
+    ("static_batching", ("parameters", "max_waiting", "string_value"), "4", "max_waiting: 4 is below batch_size=8"),
 ])
-def test_a_batch_larger_than_the_kv_reservation_is_refused_at_load(server, model, field, value):
-    """16 rows of up to 1024 tokens do not fit 8 sequence slots and 512 KV blocks: the load fails naming
-    the key, and the model loaded before keeps serving. Before, it loaded, and every full batch then
-    failed as a whole (INVALID_ARG "batch: 16 rows exceed max_num_seqs=8" to all 16 clients)."""
-    config = requests.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=30).json()
-    *path, key = field
+def test_a_config_that_could_not_run_is_refused_at_load(server, model, path, value, said):
+    """16 rows of up to 1024 tokens do not fit 8 sequence slots and 512 KV blocks, and with fewer
+    requests allowed to wait than a batch holds no batch could fill: the load fails naming the key, and
+    the model loaded before keeps serving with its config. Before, such a config loaded; then every full
+    batch failed as a whole (INVALID_ARG "batch: 16 rows exceed max_num_seqs=8" to all 16 clients), or
+    max_waiting requests parked for ever and the rest were refused."""
+    url = f"http://{server.http_url}/v2/models/{model}/config"
+    original = requests.get(url, timeout=30).json()
+    config = json.loads(json.dumps(original))
     target = config
-    for part in path:
+    for part in path[:-1]:
         target = target[part]
-    target[key] = value
+    target[path[-1]] = value
     r = requests.post(f"http://{server.http_url}/v2/repository/models/{model}/load",
                       json={"parameters": {"config": json.dumps(config)}}, timeout=300)
-    assert r.status_code == 400 and f"{key}: 16 rows exceed max_num_seqs=8" in r.json()["error"], r.text
-    llm = LLMClient(server.http_url, server.grpc_url, timeout=120)
     try:
+        assert r.status_code == 400 and said in r.json()["error"], r.text
+        assert requests.get(url, timeout=30).json() == original
+        assert requests.get(f"http://{server.http_url}/v2/models/{model}/ready", timeout=30).status_code == 200
         if model == "dynamic_batching":
-            assert llm.generate(model, "Still serving", 3, ignore_eos=True).num_output_tokens == 3
-        ready = requests.get(f"http://{server.http_url}/v2/models/{model}/ready", timeout=30)
-        assert ready.status_code == 200
-    finally:
-        llm.close()
-        if model == "static_batching":
-            _reload_from_repository(server)
-        else:
+            llm = LLMClient(server.http_url, server.grpc_url, timeout=120)
+            try:
+                assert llm.generate(model, "Still serving", 3, ignore_eos=True).num_output_tokens == 3
+            finally:
+                llm.close()
+    finally:  # only if the override loaded after all: back to the repository's config.pbtxt
+        if requests.get(url, timeout=30).json() != original:
             requests.post(f"http://{server.http_url}/v2/repository/models/{model}/unload", timeout=120)
             assert requests.post(f"http://{server.http_url}/v2/repository/models/{model}/load",
                                  timeout=300).status_code == 200
