@@ -39,7 +39,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
-from client.triton_llm import request_fields  # noqa: E402
+from client.triton_llm import RequestFailed, request_fields  # noqa: E402
 from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noqa: E402
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching", "continuous_batching_trtllm")
@@ -160,9 +160,8 @@ def broken(exc: Exception) -> Exception:
     """The failure for an answer that could not be read to its end (the connection broke, a response
     that does not parse): a RequestFailed keeps its status; anything else is a ServerError
     `[client] <type>: <message>`. Raised, it would escape the user's task without an E2E event."""
-    status, message = getattr(exc, "status", None), getattr(exc, "message", None)
-    if isinstance(status, str) and isinstance(message, str):
-        return failure(status, message)
+    if isinstance(exc, RequestFailed):
+        return failure(exc.status, exc.message)
     return ServerError(f"[client] {type(exc).__name__}: {exc}")
 
 

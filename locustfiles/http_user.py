@@ -127,13 +127,16 @@ def _sse_events(response):
             yield json.loads(line[len(b"data:"):])
 
 
-def _text(value) -> str:
+def _first(value):
+    """The one value of a JSON output, however deeply nested in lists ("" for an empty one)."""
     while isinstance(value, list):
         value = value[0] if value else ""
-    return str(value)
+    return value
+
+
+def _text(value) -> str:
+    return str(_first(value))
 
 
 def _scalar(value) -> int:
-    while isinstance(value, list):
-        value = value[0]
-    return int(value)
+    return int(_first(value))

@@ -134,11 +134,10 @@ class StaticBatchingService:
             ids = {id(sender) for sender in cancelled}
             removed = [s for _, s in self._parked if id(s) in ids]
             self._parked = [(r, s) for r, s in self._parked if id(s) not in ids]
-            waiting = len(self._parked) + self._batches.qsize() * self._batch_size
         for sender in removed:
             triton_io.send_final_quietly(sender, triton_io.cancelled_response(self._name))
         if removed:  # NOTE: pushed now: with nothing left parked the watchdog flushes nothing more
-            self._metrics.record_queue(waiting, self._running, *self._generator.kv_usage())
+            self._record_queue()
             self._metrics.flush()
 
     def _watch(self, is_ready: Callable[[], bool], is_superseded: Callable[[], bool], interval: float) -> None:
