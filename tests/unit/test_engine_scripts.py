@@ -54,3 +54,13 @@ def test_kernel_outputs_are_the_same_bits_run_to_run_and_a_changed_bit_is_found(
     proc = subprocess.run([sys.executable, "scripts/kernel_outputs.py", "compare", str(a), str(changed)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "decode 8: 1 of 65536 elements differ" in proc.stdout, proc.stdout
+
+
+def test_stop_cost_prints_a_time_per_token_for_each_list_length():
+    proc = subprocess.run([sys.executable, "scripts/stop_cost.py", "--counts", "0,16,2000", "--tokens", "20"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    times = {int(line.split()[0]): float(line.split(": ")[1].split()[0])
+             for line in proc.stdout.splitlines() if "stop strings:" in line}
+    assert set(times) == {0, 16, 2000} and all(t > 0 for t in times.values()), proc.stdout
+    assert times[2000] > times[0]  # 2000 searches a token against none
