@@ -64,12 +64,18 @@ class ModelMetrics:
             self._deltas["forward_passes"] += 1
             self._deltas["forward_sequences_total"] += num_sequences
             self._deltas["generated_tokens"] += new_tokens
-        self._flush_if_due()
+        self.flush_if_due()
 
     def record_queue(self, waiting: int, running: int, kv_used: int, kv_total: int) -> None:
+        self.set_queue(waiting, running, kv_used, kv_total)
+        self.flush_if_due()
+
+    def set_queue(self, waiting: int, running: int, kv_used: int, kv_total: int) -> None:
+        """As record_queue, but never pushes: cheap enough to call under a caller's lock, so that
+        snapshots taken by several threads are set in the order they were taken. `flush_if_due()`
+        afterwards, outside that lock."""
         with self._lock:
             self._gauges.update(waiting=waiting, running=running, kv_used=kv_used, kv_total=kv_total)
-        self._flush_if_due()
 
     def record_in_flight(self, requests: int) -> None:
         """For a model that runs no forward pass itself (continuous_batching_trtllm): its requests in
@@ -79,18 +85,18 @@ class ModelMetrics:
         if requests == 0:
             self.flush()  # idle: push everything pending now (as record_idle)
         else:
-            self._flush_if_due()
+            self.flush_if_due()
 
     def record_tokens(self, new_tokens: int) -> None:
         with self._lock:
             self._deltas["generated_tokens"] += new_tokens
-        self._flush_if_due()
+        self.flush_if_due()
 
     def record_first_token(self, seconds: float) -> None:
         with self._lock:
             self._deltas["ttft_sum"] += seconds
             self._deltas["ttft_count"] += 1
-        self._flush_if_due()
+        self.flush_if_due()
 
     def record_idle(self) -> None:
         """Nothing runs now: the last-forward gauge drops to 0 and everything pending is pushed."""
@@ -115,6 +121,7 @@ class ModelMetrics:
         for key, value in deltas.items():
             self._metrics[key].increment(value)
 
-    def _flush_if_due(self) -> None:
+    def flush_if_due(self) -> None:
+        """Push what is pending if `min_interval` has passed since the last push."""
         if time.monotonic() - self._last_flush >= self._min_interval:
             self.flush()

@@ -60,7 +60,7 @@ class StaticBatchingService:
         self._parked: list[tuple[GenerateRequest, object]] = []  # guarded by _lock
         self._closed = False  # guarded by _lock
         self._batches: queue.Queue = queue.Queue()
-        self._running = 0  # rows in the batch being run, read for metrics only
+        self._running = 0  # rows in the batch being run, for metrics only; guarded by _lock
         self._worker = OwnerThread("batchlm-static", build_generator, self._run)
         self._generator: BatchGenerator = self._worker.value
         self._stop_watch = threading.Event()
@@ -91,10 +91,9 @@ class StaticBatchingService:
                 if len(self._parked) >= self._batch_size:
                     batch, self._parked = self._parked[: self._batch_size], self._parked[self._batch_size:]
                     self._batches.put(batch)
-            waiting = len(self._parked) + self._batches.qsize() * self._batch_size
         if error is not None:
             triton_io.send_final(sender, triton_io.error_response(error))
-        self._metrics.record_queue(waiting, self._running, *self._generator.kv_usage())
+        self._record_queue()
 
     def close(self, timeout: float = 60.0) -> None:
         """Refuse new requests, fail parked ones, let a running batch finish, stop the threads.
@@ -182,7 +181,8 @@ class StaticBatchingService:
             self._run_batch(batch)
 
     def _run_batch(self, batch: list[tuple[GenerateRequest, object]]) -> None:
-        self._running = len(batch)
+        with self._lock:
+            self._running = len(batch)
         start = time.monotonic()
         poll = CancelPoll([sender.is_cancelled for _, sender in batch], self._cancel_check_period)
         try:
@@ -194,7 +194,8 @@ class StaticBatchingService:
                 triton_io.send_final_quietly(sender, triton_io.error_response(exc))
             return
         finally:
-            self._running = 0
+            with self._lock:
+                self._running = 0
             self._record_queue()
             self._metrics.record_idle()  # NOTE: after the gauges' update, which this flush pushes
         for (_, sender), out in zip(batch, outputs):
@@ -209,6 +210,10 @@ class StaticBatchingService:
         self._record_queue()
 
     def _record_queue(self) -> None:
+        """Publish waiting and running. Submits and the worker both call this: the snapshot is set
+        under the lock, so a submit that read `running` before a batch ended cannot set it after the
+        worker set 0 (which would read as a batch running until the next request came)."""
         with self._lock:
             waiting = len(self._parked) + self._batches.qsize() * self._batch_size
-        self._metrics.record_queue(waiting, self._running, *self._generator.kv_usage())
+            self._metrics.set_queue(waiting, self._running, *self._generator.kv_usage())
+        self._metrics.flush_if_due()
