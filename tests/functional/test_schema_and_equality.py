@@ -10,7 +10,7 @@ import requests
 from batchlm.engine import LLMEngine
 from batchlm.engine_config import EngineConfig
 from batchlm.sampling import SamplingParams
-from client.triton_llm import LLMClient
+from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,14 +51,125 @@ def _generate(server, model, prompt, max_tokens, infer=False):
         client.close()
 
 
-def test_greedy_text_is_the_same_everywhere(server):
+@pytest.fixture(scope="module")
+def engine():
+    """The engine in this process, on the checkpoint the server loads: what each request gives alone."""
+    return LLMEngine(ROOT / "models" / "default", EngineConfig(num_threads=1))
+
+
+def _alone(engine, params: list[SamplingParams]) -> list:
+    """Each of PROMPTS run alone in process with its params: the output every model must match."""
+    return [engine.generate([p], sp)[0] for p, sp in zip(PROMPTS, params)]
+
+
+def _ask(server, model, protocol, prompt, max_tokens, **options):
+    """One whole answer over `protocol`, or the RequestFailed it ended with."""
+    client = LLMClient(server.http_url, server.grpc_url, timeout=300)
+    try:
+        return client.answer(protocol, model, prompt, max_tokens, **options)
+    except RequestFailed as exc:
+        return exc
+    finally:
+        client.close()
+
+
+def _protocols(model):
+    """Every way of asking `model` for one answer: HTTP /infer cannot serve the decoupled one."""
+    return STREAMING_PROTOCOLS if model == "continuous_batching" else PROTOCOLS
+
+
+def test_greedy_text_is_the_same_everywhere(server, engine):
     lengths = [6 + 5 * i for i in range(len(PROMPTS))]  # different lengths share each batch
-    engine = LLMEngine(ROOT / "models" / "default", EngineConfig(num_threads=1))
-    alone = [engine.generate([p], SamplingParams(max_tokens=n, ignore_eos=True))[0].text
-             for p, n in zip(PROMPTS, lengths)]
+    alone = [out.text for out in _alone(engine, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths])]
     for model in MODELS:
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             # static and dynamic batching also answer /infer: every other request of a batch goes there
             infer = [i % 2 == 1 and model != "continuous_batching" for i in range(len(PROMPTS))]
             texts = list(pool.map(lambda a: _generate(server, model, *a), zip(PROMPTS, lengths, infer)))
         assert texts == alone, model
+
+
+# The code each protocol carries for INVALID_ARG: /generate answers every model error with 400, and a
+# gRPC stream (how the decoupled model answers over gRPC) carries the message alone (README, "Status codes")
+INVALID_ARG = {"http": "400", "infer": "400", "grpc": "StatusCode.INVALID_ARGUMENT", "grpc stream": "grpc"}
+BAD_OPTIONS = [("max_tokens", 0, {}), ("temperature", 4, {"temperature": -1.0}), ("top_p", 4, {"top_p": 2.0})]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_bad_requests_in_a_burst_are_refused_and_harm_no_other(server, engine, model):
+    """Bad requests sent amid a full batch of good ones, over every protocol the model serves: each bad
+    one is refused INVALID_ARG naming its field, and every good one gets the text it gets alone (in
+    dynamic batching the bad ones arrive inside the batches Triton forms; static batching still fills
+    its batch of 8 from the good ones)."""
+    lengths = [5 + 2 * i for i in range(len(PROMPTS))]
+    alone = [out.text for out in _alone(engine, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths])]
+    protocols = _protocols(model)
+    bad = [(protocol, field, max_tokens, options) for protocol in protocols
+           for field, max_tokens, options in BAD_OPTIONS]
+    with ThreadPoolExecutor(len(PROMPTS) + len(bad)) as pool:
+        good, refused = [], []
+        for i, (prompt, n) in enumerate(zip(PROMPTS, lengths)):  # the bad ones interleaved with the good
+            good.append(pool.submit(_ask, server, model, protocols[i % len(protocols)], prompt, n, ignore_eos=True))
+            for protocol, field, max_tokens, options in bad[i::len(PROMPTS)]:
+                refused.append((protocol, field, pool.submit(_ask, server, model, protocol, "Bad", max_tokens,
+                                                             **options)))
+        answers = [f.result(timeout=300) for f in good]
+        for protocol, field, future in refused:
+            error = future.result(timeout=300)
+            assert isinstance(error, RequestFailed), (protocol, field, error)
+            code = INVALID_ARG["grpc stream" if protocol == "grpc" and model == "continuous_batching" else protocol]
+            assert error.status == code and field in error.message, (protocol, field, error)
+    assert [a.text if not isinstance(a, Exception) else a for a in answers] == alone
+    assert [a.num_output_tokens for a in answers] == lengths
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_seeded_sampling_is_the_same_everywhere(server, engine, model):
+    """temperature, top_k, top_p and seed reach the engine through Triton: each seeded request samples
+    the text it samples alone in process, whatever shares its batch (a dropped option would give the
+    greedy text, or another sample)."""
+    params = [SamplingParams(max_tokens=8 + 3 * i, temperature=0.9, top_k=40, top_p=0.95, seed=1000 + i,
+                             ignore_eos=True) for i in range(len(PROMPTS))]
+    alone = [out.text for out in _alone(engine, params)]
+    greedy = [out.text for out in _alone(engine, [SamplingParams(max_tokens=sp.max_tokens, ignore_eos=True)
+                                                  for sp in params])]
+    assert sum(a != g for a, g in zip(alone, greedy)) >= len(PROMPTS) // 2  # sampling makes a difference
+    protocols = _protocols(model)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(pool.map(
+            lambda i: _ask(server, model, protocols[i % len(protocols)], PROMPTS[i], params[i].max_tokens,
+                           temperature=params[i].temperature, top_k=params[i].top_k, top_p=params[i].top_p,
+                           seed=params[i].seed, ignore_eos=True), range(len(PROMPTS))))
+    assert [a.text if not isinstance(a, Exception) else a for a in answers] == alone
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_stop_string_ends_the_text_everywhere(server, engine, model):
+    """A stop string ends the text before it, with finish reason "stop", as in process; the continuous
+    model's streams carry the same text in pieces and end with "stop" too."""
+    full = _alone(engine, [SamplingParams(max_tokens=30, ignore_eos=True)] * len(PROMPTS))
+    stops = [out.text[len(out.text) // 2: len(out.text) // 2 + 3] for out in full]
+    params = [SamplingParams(max_tokens=30, stop=(stop,), ignore_eos=True) for stop in stops]
+    expected = _alone(engine, params)
+    assert all(out.finish_reason.value == "stop" and len(out.text) < len(f.text) for out, f in zip(expected, full))
+    protocols = _protocols(model)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(pool.map(lambda i: _ask(server, model, protocols[i % len(protocols)], PROMPTS[i], 30,
+                                               stop=[stops[i]], ignore_eos=True), range(len(PROMPTS))))
+    assert [(a.text, a.finish_reason) if not isinstance(a, Exception) else a for a in answers] == \
+        [(out.text, "stop") for out in expected]
+    assert [a.num_output_tokens for a in answers] == [out.num_output_tokens for out in expected]
+    if model == "continuous_batching":
+        def streamed(i):
+            client = LLMClient(server.http_url, server.grpc_url, timeout=300)
+            try:
+                chunks = list(client.stream(protocols[i % 2], model, PROMPTS[i], 30, stop=[stops[i]],
+                                            ignore_eos=True, stream=True))
+            finally:
+                client.close()
+            return collect(iter(chunks)).text, chunks[-1].finish_reason, len(chunks)
+
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            results = list(pool.map(streamed, range(len(PROMPTS))))
+        assert [(text, reason) for text, reason, _ in results] == [(out.text, "stop") for out in expected]
+        assert sum(n for _, _, n in results) > len(PROMPTS)  # in pieces
