@@ -22,7 +22,7 @@ server waits out its exit timeout (docs/architecture.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import triton_python_backend_utils as pb_utils
 
@@ -39,10 +39,12 @@ class TrtllmBls:
         self.pad_token_id = pad_token_id
         self.reaper = reaper
 
-    def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 stream: bool) -> Iterator[list[int]]:
+    def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams, stream: bool,
+                 on_sent: Callable[[], None] = lambda: None) -> Iterator[list[int]]:
         inputs = trtllm_protocol.request_inputs(prompt_ids, params, stream, self.eos_token_id, self.pad_token_id)
         responses = self._exec(request_id, inputs)
+        # NOTE: a stop exec'd from now on reaches the engine model after this request (one queue)
+        on_sent()
         finished = False
         try:
             for response in responses:

@@ -8,21 +8,30 @@ carries a leading batch dimension of 1. Pure numpy: no Triton, no torch.
 Mapping from this repository's request schema:
 - `max_tokens` -> `request_output_len`; the prompt's ids -> `input_ids` and `input_lengths`.
 - greedy (`temperature` 0) -> `runtime_top_k` 1; otherwise `temperature`, `runtime_top_k` (0 = off)
-  and `runtime_top_p`.
-- `seed` -> `random_seed`; `stream` -> `streaming`.
+  and `runtime_top_p`. A temperature below MIN_TEMPERATURE is sent as greedy, which is what it samples:
+  in float32 it is 0 or its inverse overflows the scaled logits (batchlm's sampler clamps it instead).
+  `top_k` above TOP_K_MAX is refused (`check_params`): the engine would clip it in silence.
+- `seed` -> `random_seed`; a sampled request without one gets a fresh random seed, since the engine
+  starts every unseeded request from seed 0 (the same prompt would sample the same text each time,
+  where batchlm's models draw from a global generator). `stream` -> `streaming`.
 - EOS -> `end_id`, left out under `ignore_eos`, so the engine generates exactly `max_tokens` tokens.
 - `stop` strings are matched on text by the front model, which then stops the request by id (`stop`).
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 
 import numpy as np
 
+from batchlm.errors import InvalidArgument
 from batchlm.sampling import SamplingParams
 
 BACKEND_OUTPUTS = ("output_ids", "sequence_length")
+TOP_K_MAX = 1024  # the largest top_k TensorRT-LLM's sampling layers take; they clip larger ones, with a warning
+# below this a temperature samples the argmax: logits of up to ~1e8 scaled by 1/t still fit in float32
+MIN_TEMPERATURE = 1e-30
 
 # name -> numpy dtype of what the front sends (the backend declares them INT32 / FP32 / UINT64 / BOOL)
 INPUT_DTYPES: dict[str, type] = {
@@ -57,9 +66,21 @@ def engine_ends_by_itself(output_ids: Sequence[int], params: SamplingParams, eng
             and output_ids[-1] == engine_end_id)
 
 
+def check_params(params: SamplingParams) -> None:
+    """Raise InvalidArgument for what the engine would not do as asked (valid for batchlm's models)."""
+    if params.top_k > TOP_K_MAX:
+        raise InvalidArgument("top_k", f"at most {TOP_K_MAX} on the TensorRT-LLM engine, got {params.top_k}")
+
+
+def samples_greedy(params: SamplingParams) -> bool:
+    """Whether the engine is sent greedy decoding (`runtime_top_k` 1) for these params."""
+    return params.is_greedy or float(np.float32(params.temperature)) < MIN_TEMPERATURE
+
+
 def request_inputs(prompt_ids: Sequence[int], params: SamplingParams, stream: bool,
                    eos_token_id: int | None, pad_token_id: int) -> dict[str, np.ndarray]:
-    """The tensors of one generation request (batch of 1)."""
+    """The tensors of one generation request (batch of 1). A sampled request without a seed gets a
+    fresh one, so two calls differ in `random_seed`."""
     if not prompt_ids:
         raise ValueError("prompt_ids must not be empty")
     values: dict[str, object] = {
@@ -68,10 +89,11 @@ def request_inputs(prompt_ids: Sequence[int], params: SamplingParams, stream: bo
         "pad_id": pad_token_id,
         "streaming": stream,
     }
-    if params.is_greedy:
+    if samples_greedy(params):
         values["runtime_top_k"] = 1
     else:
-        values.update(temperature=params.temperature, runtime_top_k=params.top_k, runtime_top_p=params.top_p)
+        values.update(temperature=params.temperature, runtime_top_k=params.top_k, runtime_top_p=params.top_p,
+                      random_seed=secrets.randbits(64) if params.seed is None else params.seed)
     if params.seed is not None:
         values["random_seed"] = params.seed
     if eos_token_id is not None and not params.ignore_eos:

@@ -28,7 +28,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -58,10 +58,11 @@ class EngineSilent(RuntimeError):
 class TokenBackend(Protocol):
     """What the front needs from the engine (`batchlm.serving.trtllm_bls.TrtllmBls` in Triton)."""
 
-    def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 stream: bool) -> Iterator[list[int]]:
+    def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams, stream: bool,
+                 on_sent: Callable[[], None] = lambda: None) -> Iterator[list[int]]:
         """Start a request; yield the new ids of each response until the engine's final one.
-        Raises BackendError on an error response."""
+        `on_sent()` is called once the request has been handed to the engine (on the first `next()`):
+        a stop sent before that finds nothing to end. Raises BackendError on an error response."""
         ...
 
     def stop(self, request_id: str) -> None:
@@ -83,7 +84,9 @@ class _Flight:
     worker: threading.Thread | None = None  # serves this request (set at submit)
     answered: bool = False  # the final response was sent (or is being sent); set under answer_lock
     answer_lock: threading.Lock = field(default_factory=threading.Lock)
-    stopped: bool = False  # a stop request was sent to the engine
+    stopped: bool = False  # a stop request was sent to the engine after it had the request
+    stop_wanted: bool = False  # the engine request is to be stopped (sent at once, or once it is sent)
+    sent: bool = False  # the engine has the request (set by the worker through on_sent)
     engine_streams: bool = False  # the engine answers every step (set by the worker before it asks)
     last_response: float | None = None  # monotonic time of the engine's last response; None before its first
 
@@ -117,6 +120,7 @@ class TrtllmFrontService:
             request = triton_io.parse_request(raw_request)
             prompt_ids = self._tokenizer.encode(request.prompt)
             check_request_size(len(prompt_ids), request.params.max_tokens, self._config.max_model_len)
+            trtllm_protocol.check_params(request.params)
         except InvalidArgument as exc:
             triton_io.send_final(sender, triton_io.error_response(exc))
             return
@@ -173,8 +177,11 @@ class TrtllmFrontService:
         try:
             # NOTE: stop strings are matched as tokens come, so a request with any asks the engine to stream
             flight.engine_streams = flight.request.stream or bool(flight.request.params.stop)
+            if self._gone(flight):  # cancelled or closing before the engine was asked: it never is
+                return
             for new_ids in self._backend.generate(flight.request_id, list(flight.seq.prompt_ids),
-                                                  flight.request.params, flight.engine_streams):
+                                                  flight.request.params, flight.engine_streams,
+                                                  on_sent=lambda: self._on_sent(flight)):
                 flight.last_response = time.monotonic()
                 if not flight.answered:
                     self._on_tokens(flight, new_ids)
@@ -190,6 +197,13 @@ class TrtllmFrontService:
                 self._flights.pop(flight.request_id, None)
                 in_flight = len(self._flights)
             self._metrics.record_in_flight(in_flight)
+
+    def _on_sent(self, flight: _Flight) -> None:
+        """The engine has the request now: a stop asked for before (a cancel or a close in between)
+        found nothing to end then, so it is sent again."""
+        flight.sent = True
+        if flight.stop_wanted:
+            self._stop_engine_request(flight)
 
     def _on_tokens(self, flight: _Flight, new_ids: list[int]) -> None:
         if self._gone(flight):
@@ -281,8 +295,14 @@ class TrtllmFrontService:
         self._metrics.record_in_flight(in_flight)
 
     def _stop_engine_request(self, flight: _Flight) -> None:
-        # NOTE: the worker, the watcher and close() may race here; a second stop for an id is harmless
-        if flight.stopped:
+        """Stop the engine's request, now if the engine has it, else as soon as the worker has sent it
+        (`_on_sent`). Before, a stop that came before the request found nothing, still counted as
+        sent, and the engine ran the request to max_tokens."""
+        # NOTE: the worker, the watcher and close() may race here; a second stop for an id is harmless.
+        # stop_wanted is set before sent is read here, and sent before stop_wanted is read in
+        # _on_sent, so one of the two sends it.
+        flight.stop_wanted = True
+        if flight.stopped or not flight.sent:
             return
         flight.stopped = True
         try:

@@ -49,6 +49,32 @@ def test_sampled_request_tensors_and_ignore_eos():
     assert t["streaming"].tolist() == [[False]]
 
 
+def test_an_unseeded_sampled_request_gets_a_fresh_seed_and_a_greedy_one_none():
+    # The engine starts every request without random_seed from seed 0: the same prompt would sample the
+    # same text every time (before, no random_seed was sent)
+    sampled = SamplingParams(max_tokens=4, temperature=0.8)
+    seeds = {int(trtllm_protocol.request_inputs([3], sampled, False, 2, 0)["random_seed"][0, 0]) for _ in range(8)}
+    assert len(seeds) == 8
+    assert "random_seed" not in trtllm_protocol.request_inputs([3], SamplingParams(max_tokens=4), False, 2, 0)
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-46, 1e-31])
+def test_a_temperature_too_small_for_float32_is_sent_as_greedy(temperature):
+    # 1e-46 is 0 in float32, and 1/1e-38 scales a logit of 10 past float32's largest value: the engine
+    # would divide by 0 or overflow; greedy is what such a temperature samples
+    t = trtllm_protocol.request_inputs([3], SamplingParams(max_tokens=4, temperature=temperature), False, 2, 0)
+    assert t["runtime_top_k"].tolist() == [[1]] and "temperature" not in t
+    t = trtllm_protocol.request_inputs([3], SamplingParams(max_tokens=4, temperature=1e-29), False, 2, 0)
+    assert t["runtime_top_k"].tolist() == [[0]] and t["temperature"][0, 0] > 0
+
+
+def test_a_top_k_the_engine_would_clip_is_refused_naming_it():
+    trtllm_protocol.check_params(SamplingParams(top_k=trtllm_protocol.TOP_K_MAX))
+    with pytest.raises(InvalidArgument) as info:
+        trtllm_protocol.check_params(SamplingParams(top_k=trtllm_protocol.TOP_K_MAX + 1))
+    assert info.value.field == "top_k" and "1024" in str(info.value)
+
+
 def test_every_tensor_sent_is_declared_by_the_shipped_engine_config_with_its_type():
     declared = {i.name: DTYPE(i.data_type) for i in load("tensorrt_llm").input}
     wire = {np.int32: "TYPE_INT32", np.float32: "TYPE_FP32", np.uint64: "TYPE_UINT64", np.bool_: "TYPE_BOOL"}
