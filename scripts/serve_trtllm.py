@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""Serve all four models on a GPU: the three strategies on batchlm's engine and TensorRT-LLM's in-flight
+"""Serve all five models on a GPU: the three strategies on batchlm's engine and TensorRT-LLM's in-flight
 batching, side by side, on one tritonserver (NGC's `tritonserver:24.10-trtllm-python-py3` image).
 
     .venv/bin/python scripts/serve_trtllm.py [--device cuda] [--engine-dir engines/trtllm] [--rebuild]
     .venv/bin/python scripts/serve_trtllm.py --prepare-only --out DIR   # write the repository and exit
 
-1. Builds the engine if `--engine-dir` holds none (`scripts/build_trtllm_engine.py`, run with
-   `--trtllm-python`, the interpreter that has tensorrt_llm).
+1. Builds the engine if `--engine-dir` holds none, or one built to another plan (limits, checkpoint,
+   dtype) or TensorRT-LLM version (`scripts/build_trtllm_engine.py`, run with `--trtllm-python`, the
+   interpreter that has tensorrt_llm).
 2. Writes a model repository under `--out` (never into the tracked folders): `model_repository/`'s three
    models with `device` set to `--device`, and `docker/trtllm/model_repository/`'s two with the engine's
    folder filled into `tensorrt_llm`'s `gpt_model_path`.
@@ -19,6 +20,7 @@ benchmark measures either (`scripts/benchmark.py continuous_batching_trtllm --co
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -33,6 +35,7 @@ from batchlm.triton_server import (  # noqa: E402
 TRTLLM_REPOSITORY = PROJECT_ROOT / "docker" / "trtllm" / "model_repository"
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")
 ENGINE_FILES = ("config.json", "rank0.engine")
+PLAN_FILE = "batchlm_build.json"  # what build_trtllm_engine.py built the engine from and with
 
 
 def prepare_repository(out: Path, engine_dir: Path, device: str) -> Path:
@@ -56,10 +59,49 @@ def prepare_repository(out: Path, engine_dir: Path, device: str) -> Path:
     return out
 
 
+def why_build(engine_dir: Path, plan: dict, trtllm_version: str | None) -> str | None:
+    """Why the engine in `engine_dir` must be built (again), or None where it was built to `plan` (what
+    `build_trtllm_engine.py --dry-run` prints now: limits from the shipped configs, checkpoint, dtype,
+    build command) with `trtllm_version` (None: not known, not compared). Before, any engine found was
+    served: after a change of `max_model_len` or `max_batch_size` the front admitted prompts the engine
+    refused, and after a TensorRT-LLM upgrade the old engine failed to load."""
+    missing = [f for f in (*ENGINE_FILES, PLAN_FILE) if not (engine_dir / f).is_file()]
+    if missing:
+        return f"{engine_dir} has no {', '.join(missing)}"
+    try:
+        built = json.loads((engine_dir / PLAN_FILE).read_text())
+    except ValueError as exc:
+        return f"{engine_dir / PLAN_FILE} is unreadable ({exc})"
+    changed = sorted(key for key, value in plan.items() if built.get(key) != value)
+    if changed:
+        return "built with other " + ", ".join(f"{key} ({built.get(key)!r}, now {plan[key]!r})" for key in changed)
+    if trtllm_version is not None and built.get("tensorrt_llm") != trtllm_version:
+        return f"built with TensorRT-LLM {built.get('tensorrt_llm')}, {trtllm_version} installed"
+    return None
+
+
+def installed_trtllm(python: str) -> str | None:
+    """The version of tensorrt_llm that `python` has (read without importing it), or None."""
+    probe = "import importlib.metadata as m; print(m.version('tensorrt_llm'))"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
 def ensure_engine(engine_dir: Path, python: str, rebuild: bool) -> None:
-    if not rebuild and all((engine_dir / f).is_file() for f in ENGINE_FILES):
-        return
+    """Build the engine unless `engine_dir` holds one built to the current plan (`why_build`)."""
     script = PROJECT_ROOT / "scripts" / "build_trtllm_engine.py"
+    if not rebuild:
+        plan = json.loads(subprocess.run([sys.executable, str(script), "--out", str(engine_dir), "--dry-run"],
+                                         check=True, capture_output=True, text=True).stdout)
+        reason = why_build(engine_dir, plan, installed_trtllm(python))
+        if reason is None:
+            return
+        print(f"[serve_trtllm] building the engine: {reason}", flush=True)
     subprocess.run([python, str(script), "--out", str(engine_dir)], check=True)
 
 

@@ -1,6 +1,7 @@
 """The TensorRT-LLM front's pure parts: the engine's tensor contract, the front's parameters, the shipped
 configs (parsed with Triton's own protobuf), and the stream buffer it shares with continuous_batching."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -188,3 +189,32 @@ def test_served_repository_fills_the_engine_folder_and_the_device(tmp_path):
         assert serving.engine.device == "cuda", name
     assert "${" not in (ROOT / "docker" / "trtllm" / "model_repository" / "tensorrt_llm" / "config.pbtxt").read_text() \
         .replace("${engine_dir}", "")  # the only placeholder is the engine folder
+
+
+def _serve_trtllm():
+    spec = importlib.util.spec_from_file_location("serve_trtllm", ROOT / "scripts" / "serve_trtllm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_engine_built_to_another_plan_or_tensorrt_llm_is_built_again(tmp_path):
+    """Before, any engine folder with config.json and rank0.engine was served as it was."""
+    serve = _serve_trtllm()
+    engine = tmp_path / "engine"
+    plan = json.loads(subprocess.run([sys.executable, str(ROOT / "scripts" / "build_trtllm_engine.py"), "--dry-run",
+                                      "--out", str(engine)], check=True, capture_output=True, text=True).stdout)
+    engine.mkdir()
+    for name in serve.ENGINE_FILES:
+        (engine / name).write_text("{}")
+    assert "has no batchlm_build.json" in serve.why_build(engine, plan, "0.14.0")
+    (engine / serve.PLAN_FILE).write_text(json.dumps({**plan, "tensorrt_llm": "0.14.0"}))
+    assert serve.why_build(engine, plan, "0.14.0") is None
+    assert serve.why_build(engine, plan, None) is None  # the version could not be read: not compared
+    assert "TensorRT-LLM 0.14.0, 0.15.0 installed" in serve.why_build(engine, plan, "0.15.0")
+    bigger = {**plan, "max_batch_size": plan["max_batch_size"] + 1}
+    assert f"max_batch_size ({plan['max_batch_size']}, now {plan['max_batch_size'] + 1})" in \
+        serve.why_build(engine, bigger, "0.14.0")
+    changed = {**plan, "max_seq_len": plan["max_seq_len"] * 2}
+    assert serve.why_build(engine, changed, "0.14.0").startswith("built with other max_seq_len")
+    assert serve.installed_trtllm(sys.executable) is None  # this venv has no tensorrt_llm
