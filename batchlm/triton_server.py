@@ -44,22 +44,25 @@ class TritonInstall:
 
     @classmethod
     def find(cls) -> "TritonInstall":
-        """$TRITON_HOME, then the project's extracted `.triton/`, then a `tritonserver` on PATH (NGC)."""
+        """$TRITON_HOME, then a `tritonserver` on PATH (NGC), then the project's extracted `.triton/`: the
+        order `scripts/setup.sh` looks in. (Before, `.triton/` came before PATH, so a checkout set up
+        outside an NGC container served that extracted 2.51 inside it.)"""
         home = os.environ.get("TRITON_HOME")
-        candidates = [Path(home)] if home else []
-        candidates.append(PROJECT_ROOT / ".triton")
-        for base in candidates:
-            if (base / "bin" / "tritonserver").exists():
-                lib = base / "lib"
-                return cls(base / "bin" / "tritonserver", base / "backends", lib if lib.is_dir() else None)
         on_path = shutil.which("tritonserver")
-        if on_path and Path("/opt/tritonserver/backends").is_dir():
-            return cls(Path(on_path), Path("/opt/tritonserver/backends"))
+        if not home and on_path and NGC_BACKENDS.is_dir():
+            return cls(Path(on_path), NGC_BACKENDS)
+        base = Path(home) if home else PROJECT_ROOT / ".triton"
+        if (base / "bin" / "tritonserver").exists():
+            lib = base / "lib"
+            return cls(base / "bin" / "tritonserver", base / "backends", lib if lib.is_dir() else None)
+        if home:
+            raise FileNotFoundError(f"TRITON_HOME={home} has no bin/tritonserver")
         raise FileNotFoundError(
             "no tritonserver found: run `make setup` (extracts one into .triton/) or set TRITON_HOME"
         )
 
 
+NGC_BACKENDS = Path("/opt/tritonserver/backends")  # where an NGC container's tritonserver has its backends
 _HANDED_OUT: set[int] = set()  # ports free_port() returned in this process
 
 
