@@ -15,12 +15,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from batchlm.triton_server import PROJECT_ROOT, TritonServer, free_port
+from tests.functional.conftest import is_alive
 
 LOCUST = str(Path(sys.executable).parent / "locust")
 GRPC_USER = "locustfiles/grpc_stream_user.py"
@@ -214,10 +216,15 @@ def small_server(tmp_path_factory):
                        extra_args=("--model-control-mode=explicit", "--load-model=*"))
     srv.start(timeout=300)
     yield srv
+    tree = srv.descendants()
     # NOTE: the /infer step load leaves requests of killed Locust users parked in static_batching, whose
     # HTTP connections a SIGTERM would wait for until its exit timeout (15 s here); unload first.
-    srv.drain()
-    srv.stop()
+    try:
+        srv.drain()
+    finally:
+        srv.stop()
+    time.sleep(0.5)
+    assert not [pid for pid in tree if is_alive(pid)], "processes left behind"
 
 
 @pytest.mark.parametrize("locustfile, model, message, extra", [

@@ -41,19 +41,21 @@ def test_a_batch_whose_clients_cancelled_stops_generating(server, model):
     metadata = LLMClient(server.http_url, server.grpc_url)
     config = metadata.model_config(model)  # batched or not: dynamic batching's inputs get a batch dimension
     metadata.close()
-    for i in range(ROWS):  # one stream each, as Locust's gRPC users send them
-        c = grpcclient.InferenceServerClient(server.grpc_url)
-        c.start_stream(callback=lambda result, error: None)
-        c.async_stream_infer(model, grpc_inputs(request_fields(f"Cancel me {i}", MAX_TOKENS, ignore_eos=True),
-                                                config))
-        clients.append(c)
-    deadline = time.monotonic() + 60
-    while _tokens(server, model) - before < 2 * ROWS and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _tokens(server, model) - before >= 2 * ROWS, "the batch did not start"
-    for c in clients:
-        c.stop_stream(cancel_requests=True)
-        c.close()
+    try:
+        for i in range(ROWS):  # one stream each, as Locust's gRPC users send them
+            c = grpcclient.InferenceServerClient(server.grpc_url)
+            clients.append(c)
+            c.start_stream(callback=lambda result, error: None)
+            c.async_stream_infer(model, grpc_inputs(request_fields(f"Cancel me {i}", MAX_TOKENS, ignore_eos=True),
+                                                    config))
+        deadline = time.monotonic() + 60
+        while _tokens(server, model) - before < 2 * ROWS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _tokens(server, model) - before >= 2 * ROWS, "the batch did not start"
+    finally:  # NOTE: always: a request left running or parked holds the model past the test
+        for c in clients:
+            c.stop_stream(cancel_requests=True)
+            c.close()
     generated = _settled(server, model) - before
     # Run to the end, the batch makes 8 x 900 = 7200 tokens; cancelled, it stops within a check period
     # (100 ms) and a step of noticing. A quarter leaves a loaded CI machine seconds of slack.
@@ -81,15 +83,17 @@ def test_parked_requests_whose_clients_cancelled_leave_the_waiting_gauge(server)
     config = metadata.model_config(model)
     metadata.close()
     errors, clients = [], []
-    for i in range(3):
-        c = grpcclient.InferenceServerClient(server.grpc_url)
-        c.start_stream(callback=lambda result, error: errors.append(error))
-        c.async_stream_infer(model, grpc_inputs(request_fields(f"Parked {i}", 4, ignore_eos=True), config))
-        clients.append(c)
-    assert metric_reaches(server, "batchlm_waiting_requests", model, 3, timeout=30) == 3
-    for c in clients:
-        c.stop_stream(cancel_requests=True)
-        c.close()
+    try:
+        for i in range(3):
+            c = grpcclient.InferenceServerClient(server.grpc_url)
+            clients.append(c)
+            c.start_stream(callback=lambda result, error: errors.append(error))
+            c.async_stream_infer(model, grpc_inputs(request_fields(f"Parked {i}", 4, ignore_eos=True), config))
+        assert metric_reaches(server, "batchlm_waiting_requests", model, 3, timeout=30) == 3
+    finally:
+        for c in clients:
+            c.stop_stream(cancel_requests=True)
+            c.close()
     assert metric_reaches(server, "batchlm_waiting_requests", model, 0, timeout=10) == 0
     # and the next full batch is served as before
     with ThreadPoolExecutor(8) as pool:

@@ -34,23 +34,31 @@ def _send(server, i, protocol="http", max_tokens=None, timeout=300.0):
         client.close()
 
 
+def _send_and_count(server, i, max_tokens):
+    """_send, then the server's generated-token counter for static_batching as soon as the answer came."""
+    answer = _send(server, i, PROTOCOLS[i % 3], max_tokens=max_tokens)
+    return answer, metric_value(server, "batchlm_generated_tokens_total", "static_batching")
+
+
 def test_nth_request_releases_the_batch(server):
+    lengths = [4 + i for i in range(BATCH - 1)] + [200]  # the last row runs far longer than the others
+    before = metric_value(server, "batchlm_generated_tokens_total", "static_batching") or 0.0
     with ThreadPoolExecutor(BATCH) as pool:
-        first = [pool.submit(_send, server, i, PROTOCOLS[i % 3]) for i in range(BATCH - 1)]
-        time.sleep(3.0)
+        first = [pool.submit(_send_and_count, server, i, lengths[i]) for i in range(BATCH - 1)]
+        # The gauge reads every parked request within a watchdog interval of the last one parked
+        # (before: the first of a burst, until the next record)
+        assert metric_reaches(server, "batchlm_waiting_requests", "static_batching", BATCH - 1, timeout=60) == BATCH - 1
         assert not any(f.done() for f in first), "a request finished before the batch was full"
-        # Within a watchdog interval of the last one parked (before: the first of a burst, until the
-        # next record)
-        assert metric_value(server, "batchlm_waiting_requests", "static_batching") == BATCH - 1
-        released_at = time.monotonic()
-        last = pool.submit(_send, server, BATCH - 1)
+        last = pool.submit(_send_and_count, server, BATCH - 1, lengths[-1])
         results = [f.result(timeout=120) for f in first + [last]]
-    for i, (done_at, result) in enumerate(results):
-        assert done_at > released_at
-        assert result.num_output_tokens == 4 + i and result.finish_reason == "length"
-    # Everyone waits for the slowest: the answers arrive together.
-    finish_times = [t for t, _ in results]
-    assert max(finish_times) - min(finish_times) < 1.0
+    for i, ((_, result), _) in enumerate(results):
+        assert result.num_output_tokens == lengths[i] and result.finish_reason == "length"
+    # Everyone waits for the slowest: when even the shortest row's answer came, the batch had generated
+    # every row's tokens (its counter is pushed before the answers are sent). A row answered as it
+    # finished would see the 200-token row's tokens still to come.
+    after = metric_value(server, "batchlm_generated_tokens_total", "static_batching")
+    assert [counted for _, counted in results] == [after] * BATCH
+    assert after - before >= sum(lengths)
     # The gauges were pushed before the answers: nothing runs now (they read 8 until the next request before)
     for name in ("batchlm_running_requests", "batchlm_waiting_requests", "batchlm_kv_blocks_used"):
         assert metric_value(server, name, "static_batching") == 0, name

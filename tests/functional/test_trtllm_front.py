@@ -200,12 +200,14 @@ def test_a_cancelled_stream_stops_its_engine_request(trt_server, llm):
     before = len(_stopped_ids(trt_server))
     client = grpcclient.InferenceServerClient(trt_server.grpc_url)
     received = threading.Event()
-    client.start_stream(callback=lambda result, error: received.set())
-    inputs = grpc_inputs(request_fields(PROMPT, 800, ignore_eos=True, stream=True), llm.model_config(MODEL))
-    client.async_stream_infer(MODEL, inputs)
-    assert received.wait(30)
-    client.stop_stream(cancel_requests=True)
-    client.close()
+    try:
+        client.start_stream(callback=lambda result, error: received.set())
+        inputs = grpc_inputs(request_fields(PROMPT, 800, ignore_eos=True, stream=True), llm.model_config(MODEL))
+        client.async_stream_infer(MODEL, inputs)
+        assert received.wait(30)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
     deadline = time.monotonic() + 15
     while len(_stopped_ids(trt_server)) == before and time.monotonic() < deadline:
         time.sleep(0.1)
