@@ -270,13 +270,18 @@ class TrtllmFrontService:
 
     # -- the silence sweep's thread --------------------------------------------------------------
     def _sweep_silent(self) -> None:
-        """End the requests whose engine went silent after it began streaming them."""
+        """End the requests whose engine went silent after it began streaming them; and, while any
+        request is in flight, push the metrics: requests the engine answers once record nothing until
+        they end, so the in-flight gauge of a burst would read its first request until then."""
         limit = self._config.engine_silence_timeout_ms / 1000
         while not self._stop_sweep.wait(min(1.0, limit / 4)):
             now = time.monotonic()
             with self._lock:
                 silent = [f for f in self._flights.values() if f.engine_streams and f.last_response is not None
                           and now - f.last_response > limit and not f.answered]
+                busy = bool(self._flights)
+            if busy:
+                self._metrics.flush()
             for flight in silent:
                 self._end_silent(flight, now - flight.last_response)
 

@@ -28,7 +28,7 @@ from client.benchmark import BenchmarkConfig
 from client.report import measure
 from client.triton_llm import LLMClient, RequestFailed, grpc_inputs, request_fields
 from client.workload import WorkloadSpec, build_requests
-from tests.functional.conftest import is_alive
+from tests.functional.conftest import is_alive, metric_reaches
 from tests.functional.trtllm_standin import FAILING_AFTER, FAILING_OUTPUT_LEN, standin_repository
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,29 +170,27 @@ def test_bad_input_is_refused_naming_the_field(trt_server, llm, fields, named):
 
 
 def test_requests_beyond_max_in_flight_are_refused_unavailable(trt_server, llm):
-    outcomes: list[str] = []
-    lock = threading.Lock()
-
-    def run():
+    """With `max_in_flight` requests held, one more is refused at once over either transport, naming the
+    overload, and the held ones are answered in full. The held ones are not streamed, so nothing is
+    recorded while they run: the in-flight gauge reads them all only because the silence sweep pushes it
+    (before, it read the burst's first until one of them ended)."""
+    def held(i):
         client = LLMClient(trt_server.http_url, trt_server.grpc_url, timeout=120)
         try:
-            client.generate(MODEL, PROMPT, 150, ignore_eos=True)
-            outcome = "ok"
-        except RequestFailed as exc:
-            outcome = exc.message
+            return client.generate(MODEL, f"{PROMPT} {i}", 600, ignore_eos=True)
         finally:
             client.close()
-        with lock:
-            outcomes.append(outcome)
 
-    threads = [threading.Thread(target=run) for _ in range(MAX_IN_FLIGHT + 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    refused = [o for o in outcomes if o != "ok"]
-    assert outcomes.count("ok") >= MAX_IN_FLIGHT and refused, outcomes
-    assert all("overloaded" in o for o in refused), refused
+    with ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
+        running = [pool.submit(held, i) for i in range(MAX_IN_FLIGHT)]
+        assert metric_reaches(trt_server, "batchlm_running_requests", MODEL, MAX_IN_FLIGHT, timeout=60) == MAX_IN_FLIGHT
+        for protocol, status in (("http", "400"), ("grpc", "grpc")):  # a decoupled model: no code on either
+            with pytest.raises(RequestFailed) as info:
+                llm.answer(protocol, MODEL, PROMPT, 3)
+            assert info.value.status == status, (protocol, info.value)
+            assert f"{MODEL} is overloaded: {MAX_IN_FLIGHT} requests already in flight" in info.value.message
+        assert not any(f.done() for f in running)
+        assert [f.result(timeout=120).num_output_tokens for f in running] == [600] * MAX_IN_FLIGHT
     assert llm.generate(MODEL, PROMPT, 3).num_output_tokens == 3
 
 
