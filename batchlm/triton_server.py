@@ -49,7 +49,7 @@ class TritonInstall:
         outside an NGC container served that extracted 2.51 inside it.)"""
         home = os.environ.get("TRITON_HOME")
         on_path = shutil.which("tritonserver")
-        if not home and on_path and NGC_BACKENDS.is_dir():
+        if not home and on_path and (NGC_BACKENDS / "python").is_dir():  # NOTE: as setup.sh checks
             return cls(Path(on_path), NGC_BACKENDS)
         base = Path(home) if home else PROJECT_ROOT / ".triton"
         if (base / "bin" / "tritonserver").exists():

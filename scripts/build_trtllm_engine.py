@@ -18,6 +18,7 @@ Uses the standard library and tensorrt_llm only (no batchlm import: the venv's t
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import shlex
@@ -41,6 +42,21 @@ def repository_limits(repository: Path = TRTLLM_REPOSITORY) -> dict[str, int]:
     return {"max_seq_len": int(seq.group(1)), "max_batch_size": int(batch.group(1))}
 
 
+def checkpoint_digest(model_dir: Path) -> str | None:
+    """sha256 over the checkpoint's config.json and weight files (names and contents), or None where
+    there is no checkpoint: an engine built from other weights is not this one."""
+    files = sorted(p for p in model_dir.glob("*") if p.name == "config.json" or p.suffix in (".safetensors", ".bin"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
 def build_command(checkpoint: Path, out: Path, limits: dict[str, int], max_num_tokens: int) -> list[str]:
     return ["trtllm-build", f"--checkpoint_dir={checkpoint}", f"--output_dir={out}",
             f"--max_batch_size={limits['max_batch_size']}", f"--max_seq_len={limits['max_seq_len']}",
@@ -62,8 +78,9 @@ def main() -> int:
     checkpoint = out.parent / (out.name + "-checkpoint")
     limits = repository_limits()
     command = build_command(checkpoint, out, limits, args.max_num_tokens)
-    plan = {"model_dir": str(model_dir), "dtype": args.dtype, "checkpoint_dir": str(checkpoint),
-            "engine_dir": str(out), **limits, "max_num_tokens": args.max_num_tokens, "trtllm_build": command}
+    plan = {"model_dir": str(model_dir), "checkpoint_sha256": checkpoint_digest(model_dir), "dtype": args.dtype,
+            "checkpoint_dir": str(checkpoint), "engine_dir": str(out), **limits,
+            "max_num_tokens": args.max_num_tokens, "trtllm_build": command}
     if args.dry_run:
         print(json.dumps(plan, indent=2))
         return 0

@@ -3,6 +3,7 @@
 batching, side by side, on one tritonserver (NGC's `tritonserver:24.10-trtllm-python-py3` image).
 
     .venv/bin/python scripts/serve_trtllm.py [--device cuda] [--engine-dir engines/trtllm] [--rebuild]
+                                             [--model-dir M] [--dtype D] [--max-num-tokens N]  # for the build
     .venv/bin/python scripts/serve_trtllm.py --prepare-only --out DIR   # write the repository and exit
 
 1. Builds the engine if `--engine-dir` holds none, or one built to another plan (limits, checkpoint,
@@ -59,12 +60,26 @@ def prepare_repository(out: Path, engine_dir: Path, device: str) -> Path:
     return out
 
 
+# where the build plan names folders: not compared, so a checkout moved or mounted elsewhere keeps its engine
+PATH_KEYS = ("model_dir", "checkpoint_dir", "engine_dir")
+PATH_FLAGS = ("--checkpoint_dir=", "--output_dir=")
+
+
+def _portable(plan: dict) -> dict:
+    """The plan without its folders: what the engine itself depends on."""
+    kept = {key: value for key, value in plan.items() if key not in PATH_KEYS}
+    if "trtllm_build" in kept:
+        kept["trtllm_build"] = [a for a in kept["trtllm_build"] if not a.startswith(PATH_FLAGS)]
+    return kept
+
+
 def why_build(engine_dir: Path, plan: dict, trtllm_version: str | None) -> str | None:
     """Why the engine in `engine_dir` must be built (again), or None where it was built to `plan` (what
-    `build_trtllm_engine.py --dry-run` prints now: limits from the shipped configs, checkpoint, dtype,
-    build command) with `trtllm_version` (None: not known, not compared). Before, any engine found was
-    served: after a change of `max_model_len` or `max_batch_size` the front admitted prompts the engine
-    refused, and after a TensorRT-LLM upgrade the old engine failed to load."""
+    `build_trtllm_engine.py --dry-run` prints now: limits from the shipped configs, the checkpoint's
+    digest, dtype, build flags; folders are not compared) with `trtllm_version` (None: not known, not
+    compared). Before, any engine found was served: after a change of `max_model_len` or
+    `max_batch_size` the front admitted prompts the engine refused, after new weights the engine served
+    the old ones, and after a TensorRT-LLM upgrade the old engine failed to load."""
     missing = [f for f in (*ENGINE_FILES, PLAN_FILE) if not (engine_dir / f).is_file()]
     if missing:
         return f"{engine_dir} has no {', '.join(missing)}"
@@ -72,6 +87,7 @@ def why_build(engine_dir: Path, plan: dict, trtllm_version: str | None) -> str |
         built = json.loads((engine_dir / PLAN_FILE).read_text())
     except ValueError as exc:
         return f"{engine_dir / PLAN_FILE} is unreadable ({exc})"
+    built, plan = _portable(built), _portable(plan)
     changed = sorted(key for key, value in plan.items() if built.get(key) != value)
     if changed:
         return "built with other " + ", ".join(f"{key} ({built.get(key)!r}, now {plan[key]!r})" for key in changed)
@@ -92,17 +108,20 @@ def installed_trtllm(python: str) -> str | None:
     return done.stdout.strip() or None
 
 
-def ensure_engine(engine_dir: Path, python: str, rebuild: bool) -> None:
-    """Build the engine unless `engine_dir` holds one built to the current plan (`why_build`)."""
+def ensure_engine(engine_dir: Path, python: str, rebuild: bool, build_args: list[str]) -> None:
+    """Build the engine with `build_args` (build_trtllm_engine.py's own options) unless `engine_dir`
+    holds one built to the plan they make now (`why_build`)."""
     script = PROJECT_ROOT / "scripts" / "build_trtllm_engine.py"
+    command = [str(script), "--out", str(engine_dir), *build_args]
     if not rebuild:
-        plan = json.loads(subprocess.run([sys.executable, str(script), "--out", str(engine_dir), "--dry-run"],
-                                         check=True, capture_output=True, text=True).stdout)
-        reason = why_build(engine_dir, plan, installed_trtllm(python))
+        dry = subprocess.run([sys.executable, *command, "--dry-run"], capture_output=True, text=True)
+        if dry.returncode != 0:
+            raise SystemExit(f"[serve_trtllm] the engine's build plan failed: {dry.stderr.strip()}")
+        reason = why_build(engine_dir, json.loads(dry.stdout), installed_trtllm(python))
         if reason is None:
             return
         print(f"[serve_trtllm] building the engine: {reason}", flush=True)
-    subprocess.run([python, str(script), "--out", str(engine_dir)], check=True)
+    subprocess.run([python, *command], check=True)
 
 
 def main() -> int:
@@ -112,6 +131,9 @@ def main() -> int:
     ap.add_argument("--engine-dir", type=Path, default=PROJECT_ROOT / "engines" / "trtllm")
     ap.add_argument("--trtllm-python", default=os.environ.get("TRTLLM_PYTHON", "/usr/bin/python3"))
     ap.add_argument("--rebuild", action="store_true", help="build the engine even if one exists")
+    ap.add_argument("--model-dir", help="the engine's checkpoint (build_trtllm_engine.py's default: models/default)")
+    ap.add_argument("--dtype", help="the engine's dtype (build_trtllm_engine.py's default: float16)")
+    ap.add_argument("--max-num-tokens", type=int, help="tokens in one engine step at most (default 2048)")
     ap.add_argument("--out", type=Path, default=PROJECT_ROOT / ".cache" / "trtllm_repository")
     ap.add_argument("--prepare-only", action="store_true", help="write the repository, do not build or serve")
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
@@ -123,7 +145,10 @@ def main() -> int:
     if args.prepare_only:
         print(repository)
         return 0
-    ensure_engine(args.engine_dir, args.trtllm_python, args.rebuild)
+    build_args = [f"--{name.replace('_', '-')}={value}" for name, value in
+                  (("model_dir", args.model_dir), ("dtype", args.dtype), ("max_num_tokens", args.max_num_tokens))
+                  if value is not None]
+    ensure_engine(args.engine_dir, args.trtllm_python, args.rebuild, build_args)
     extra, admin_header = with_model_control([])
     server = TritonServer(model_repository=repository, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, show_output=True, extra_args=tuple(extra),

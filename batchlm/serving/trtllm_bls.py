@@ -43,10 +43,11 @@ class TrtllmBls:
                  on_sent: Callable[[], None] = lambda: None) -> Iterator[list[int]]:
         inputs = trtllm_protocol.request_inputs(prompt_ids, params, stream, self.eos_token_id, self.pad_token_id)
         responses = self._exec(request_id, inputs)
-        # NOTE: a stop exec'd from now on reaches the engine model after this request (one queue)
-        on_sent()
         finished = False
         try:
+            # NOTE: a stop exec'd from now on reaches the engine model after this request (one queue);
+            # called inside the try, so that even if it raised, the responses are read and retired
+            on_sent()
             for response in responses:
                 if response.has_error():
                     raise BackendError(f"{self.model_name}: {response.error().message()}")

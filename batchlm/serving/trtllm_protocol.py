@@ -10,7 +10,8 @@ Mapping from this repository's request schema:
 - greedy (`temperature` 0) -> `runtime_top_k` 1; otherwise `temperature`, `runtime_top_k` (0 = off)
   and `runtime_top_p`. A temperature below MIN_TEMPERATURE is sent as greedy, which is what it samples:
   in float32 it is 0 or its inverse overflows the scaled logits (batchlm's sampler clamps it instead).
-  `top_k` above TOP_K_MAX is refused (`check_params`): the engine would clip it in silence.
+  A sampled request's `top_k` above TOP_K_MAX is refused (`check_params`): the engine would clip it in
+  silence.
 - `seed` -> `random_seed`; a sampled request without one gets a fresh random seed, since the engine
   starts every unseeded request from seed 0 (the same prompt would sample the same text each time,
   where batchlm's models draw from a global generator). `stream` -> `streaming`.
@@ -67,8 +68,9 @@ def engine_ends_by_itself(output_ids: Sequence[int], params: SamplingParams, eng
 
 
 def check_params(params: SamplingParams) -> None:
-    """Raise InvalidArgument for what the engine would not do as asked (valid for batchlm's models)."""
-    if params.top_k > TOP_K_MAX:
+    """Raise InvalidArgument for what the engine would not do as asked (valid for batchlm's models). A
+    greedy request is sent `runtime_top_k` 1, so its `top_k` never reaches the engine."""
+    if params.top_k > TOP_K_MAX and not samples_greedy(params):
         raise InvalidArgument("top_k", f"at most {TOP_K_MAX} on the TensorRT-LLM engine, got {params.top_k}")
 
 

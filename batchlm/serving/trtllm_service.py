@@ -281,7 +281,10 @@ class TrtllmFrontService:
                           and now - f.last_response > limit and not f.answered]
                 busy = bool(self._flights)
             if busy:
-                self._metrics.flush()
+                try:
+                    self._metrics.flush()
+                except Exception as exc:  # noqa: BLE001 - this thread must live on: it ends silent requests
+                    triton_io.log_error(f"{self._name}: pushing metrics failed: {exc!r}")
             for flight in silent:
                 self._end_silent(flight, now - flight.last_response)
 

@@ -157,4 +157,5 @@ def test_one_cancelled_request_leaves_and_the_others_get_their_whole_answers(ser
         assert (chunk.text, chunk.finish_reason, chunk.num_output_tokens) == (alone[i], "length", length), i
     generated = _settled(server, model, quiet=0.5) - before
     # Had the cancelled row run on, 8 x 120 tokens; it stops within a check period and a step of noticing
-    assert generated < (ROWS - 1) * length + length / 2, f"{generated:.0f} tokens: the cancelled row ran on"
+    # (dynamic batching may run it alone, at its fastest, for the first tokens: three quarters of it)
+    assert generated < (ROWS - 1) * length + 0.75 * length, f"{generated:.0f} tokens: the cancelled row ran on"

@@ -43,7 +43,7 @@ def _fake_triton(base):
     (base / "bin").mkdir(parents=True)
     (base / "bin" / "tritonserver").write_text("#!/bin/sh\n")
     (base / "bin" / "tritonserver").chmod(0o755)
-    (base / "backends").mkdir()
+    (base / "backends" / "python").mkdir(parents=True)
     return base
 
 
@@ -62,5 +62,10 @@ def test_tritonserver_is_looked_for_as_setup_does_home_then_path_then_the_extrac
     with pytest.raises(FileNotFoundError, match="TRITON_HOME=.*nowhere has no bin/tritonserver"):
         triton_server.TritonInstall.find()
     monkeypatch.delenv("TRITON_HOME")
+    checkout = tmp_path / "checkout"
+    extracted = _fake_triton(checkout / ".triton")
+    monkeypatch.setattr(triton_server, "PROJECT_ROOT", checkout)
+    (ngc / "backends" / "python").rmdir()  # a tritonserver without the Python backend: not one to serve with
+    assert triton_server.TritonInstall.find().binary == extracted / "bin" / "tritonserver"
     monkeypatch.setattr(triton_server, "NGC_BACKENDS", tmp_path / "absent")  # no NGC container: the extracted one
-    assert triton_server.TritonInstall.find().binary == triton_server.PROJECT_ROOT / ".triton" / "bin" / "tritonserver"
+    assert triton_server.TritonInstall.find().binary == extracted / "bin" / "tritonserver"

@@ -70,10 +70,12 @@ def test_a_temperature_too_small_for_float32_is_sent_as_greedy(temperature):
 
 
 def test_a_top_k_the_engine_would_clip_is_refused_naming_it():
-    trtllm_protocol.check_params(SamplingParams(top_k=trtllm_protocol.TOP_K_MAX))
+    trtllm_protocol.check_params(SamplingParams(temperature=0.7, top_k=trtllm_protocol.TOP_K_MAX))
     with pytest.raises(InvalidArgument) as info:
-        trtllm_protocol.check_params(SamplingParams(top_k=trtllm_protocol.TOP_K_MAX + 1))
+        trtllm_protocol.check_params(SamplingParams(temperature=0.7, top_k=trtllm_protocol.TOP_K_MAX + 1))
     assert info.value.field == "top_k" and "1024" in str(info.value)
+    # greedy: sent as runtime_top_k 1, its top_k never reaches the engine
+    trtllm_protocol.check_params(SamplingParams(top_k=trtllm_protocol.TOP_K_MAX + 1))
 
 
 def test_every_tensor_sent_is_declared_by_the_shipped_engine_config_with_its_type():
@@ -217,4 +219,22 @@ def test_an_engine_built_to_another_plan_or_tensorrt_llm_is_built_again(tmp_path
         serve.why_build(engine, bigger, "0.14.0")
     changed = {**plan, "max_seq_len": plan["max_seq_len"] * 2}
     assert serve.why_build(engine, changed, "0.14.0").startswith("built with other max_seq_len")
+    assert "checkpoint_sha256" in serve.why_build(engine, {**plan, "checkpoint_sha256": "0" * 64}, "0.14.0")
+    # the same build seen from a checkout at another path: nothing to build
+    moved = json.loads(json.dumps(plan).replace(str(ROOT), "/elsewhere/checkout").replace(str(tmp_path), "/mnt"))
+    assert moved != plan and serve.why_build(engine, moved, "0.14.0") is None
     assert serve.installed_trtllm(sys.executable) is None  # this venv has no tensorrt_llm
+
+
+def test_the_build_plan_names_the_checkpoint_by_its_contents(tmp_path):
+    def plan(model_dir):
+        return json.loads(subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "build_trtllm_engine.py"), "--dry-run", "--model-dir", str(model_dir)],
+            check=True, capture_output=True, text=True).stdout)["checkpoint_sha256"]
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    first = plan(tmp_path)
+    assert first is not None and plan(tmp_path) == first
+    (tmp_path / "model.safetensors").write_bytes(b"other weights")
+    assert plan(tmp_path) != first
