@@ -177,7 +177,7 @@ def test_requests_beyond_max_in_flight_are_refused_unavailable(trt_server, llm):
     def held(i):
         client = LLMClient(trt_server.http_url, trt_server.grpc_url, timeout=120)
         try:
-            return client.generate(MODEL, f"{PROMPT} {i}", 600, ignore_eos=True)
+            return client.generate(MODEL, f"{PROMPT} {i}", 400, ignore_eos=True)
         finally:
             client.close()
 
@@ -190,7 +190,7 @@ def test_requests_beyond_max_in_flight_are_refused_unavailable(trt_server, llm):
             assert info.value.status == status, (protocol, info.value)
             assert f"{MODEL} is overloaded: {MAX_IN_FLIGHT} requests already in flight" in info.value.message
         assert not any(f.done() for f in running)
-        assert [f.result(timeout=120).num_output_tokens for f in running] == [600] * MAX_IN_FLIGHT
+        assert [f.result(timeout=120).num_output_tokens for f in running] == [400] * MAX_IN_FLIGHT
     assert llm.generate(MODEL, PROMPT, 3).num_output_tokens == 3
 
 
