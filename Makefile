@@ -13,7 +13,7 @@ serve: setup
 	$(PY) scripts/serve.py --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 test: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider
+	$(PY) -m pytest tests -q -p no:cacheprovider --durations=25
 
 unit: setup
 	$(PY) -m pytest tests/unit -q -p no:cacheprovider
