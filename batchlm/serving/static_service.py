@@ -83,7 +83,7 @@ class StaticBatchingService:
         with self._lock:
             if self._closed:
                 error = Unavailable(f"{self._name} is unloading; retry later")
-            elif len(self._parked) + self._batches.qsize() * self._batch_size >= self._max_waiting:
+            elif self._waiting() >= self._max_waiting:
                 error = Unavailable(
                     f"{self._name} is overloaded: {self._max_waiting} requests already waiting")
             else:
@@ -209,11 +209,14 @@ class StaticBatchingService:
         self._metrics.record_step(num_sequences, new_tokens)
         self._record_queue()
 
+    def _waiting(self) -> int:
+        """Requests parked or in full batches behind the running one; the caller holds _lock."""
+        return len(self._parked) + self._batches.qsize() * self._batch_size
+
     def _record_queue(self) -> None:
         """Publish waiting and running. Submits and the worker both call this: the snapshot is set
         under the lock, so a submit that read `running` before a batch ended cannot set it after the
         worker set 0 (which would read as a batch running until the next request came)."""
         with self._lock:
-            waiting = len(self._parked) + self._batches.qsize() * self._batch_size
-            self._metrics.set_queue(waiting, self._running, *self._generator.kv_usage())
+            self._metrics.set_queue(self._waiting(), self._running, *self._generator.kv_usage())
         self._metrics.flush_if_due()
