@@ -1,13 +1,16 @@
 """continuous_batching: a thin adapter; the engine thread lives in batchlm.serving.continuous_service."""
 
-from batchlm.engine import LLMEngine
-from batchlm.serving import triton_io
-from batchlm.serving.continuous_service import ContinuousBatchingService
-from batchlm.serving.metrics import ModelMetrics
-
 
 class TritonPythonModel:
     def initialize(self, args):
+        # NOTE: imported here, not at the top: Triton's Python backend first imports this file in a stub
+        # of its own to auto-complete the config, and the engine's imports (torch) would cost that stub
+        # seconds of every load for nothing
+        from batchlm.engine import LLMEngine
+        from batchlm.serving import triton_io
+        from batchlm.serving.continuous_service import ContinuousBatchingService
+        from batchlm.serving.metrics import ModelMetrics
+
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=True)
         self.service = ContinuousBatchingService(lambda: LLMEngine(model_dir, config.engine),
                                                  ModelMetrics(name, args["model_instance_name"]), config.max_waiting,

@@ -1,14 +1,17 @@
 """dynamic_batching: a thin adapter; Triton forms the batch, batchlm.serving.dynamic_service runs it."""
 
-from batchlm.batch_generator import BatchGenerator
-from batchlm.serving import triton_io
-from batchlm.serving.dynamic_service import DynamicBatchingService
-from batchlm.serving.metrics import ModelMetrics
-from batchlm.serving.serving_config import check_batch_fits
-
 
 class TritonPythonModel:
     def initialize(self, args):
+        # NOTE: imported here, not at the top: Triton's Python backend first imports this file in a stub
+        # of its own to auto-complete the config, and the engine's imports (torch) would cost that stub
+        # seconds of every load for nothing
+        from batchlm.batch_generator import BatchGenerator
+        from batchlm.serving import triton_io
+        from batchlm.serving.dynamic_service import DynamicBatchingService
+        from batchlm.serving.metrics import ModelMetrics
+        from batchlm.serving.serving_config import check_batch_fits
+
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=False)
         check_batch_fits(config.engine, triton_io.model_config(args)["max_batch_size"], "max_batch_size")
         generator = BatchGenerator.from_dir(model_dir, config.engine)

@@ -1,15 +1,18 @@
 """static_batching: a thin adapter; the batching policy lives in batchlm.serving.static_service."""
 
-from batchlm.batch_generator import BatchGenerator
-from batchlm.serving import triton_io
-from batchlm.serving.instance_claim import InstanceClaim
-from batchlm.serving.metrics import ModelMetrics
-from batchlm.serving.serving_config import check_batch_fits
-from batchlm.serving.static_service import StaticBatchingService
-
 
 class TritonPythonModel:
     def initialize(self, args):
+        # NOTE: imported here, not at the top: Triton's Python backend first imports this file in a stub
+        # of its own to auto-complete the config, and the engine's imports (torch) would cost that stub
+        # seconds of every load for nothing
+        from batchlm.batch_generator import BatchGenerator
+        from batchlm.serving import triton_io
+        from batchlm.serving.instance_claim import InstanceClaim
+        from batchlm.serving.metrics import ModelMetrics
+        from batchlm.serving.serving_config import check_batch_fits
+        from batchlm.serving.static_service import StaticBatchingService
+
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=False)
         check_batch_fits(config.engine, config.batch_size, "batch_size")
         self.claim = InstanceClaim(args["model_instance_name"])

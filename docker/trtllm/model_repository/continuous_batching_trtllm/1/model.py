@@ -1,16 +1,19 @@
 """continuous_batching_trtllm: a thin adapter; the front lives in batchlm.serving.trtllm_service."""
 
-from batchlm.serving import triton_io, trtllm_protocol
-from batchlm.serving.bls_reaper import BlsReaper
-from batchlm.serving.metrics import ModelMetrics
-from batchlm.serving.trtllm_bls import TrtllmBls
-from batchlm.serving.trtllm_front_config import TrtllmFrontConfig
-from batchlm.serving.trtllm_service import TrtllmFrontService
-from batchlm.tokenizer import Tokenizer
-
 
 class TritonPythonModel:
     def initialize(self, args):
+        # NOTE: imported here, not at the top: Triton's Python backend first imports this file in a stub
+        # of its own to auto-complete the config, and the engine's imports (torch) would cost that stub
+        # seconds of every load for nothing
+        from batchlm.serving import triton_io, trtllm_protocol
+        from batchlm.serving.bls_reaper import BlsReaper
+        from batchlm.serving.metrics import ModelMetrics
+        from batchlm.serving.trtllm_bls import TrtllmBls
+        from batchlm.serving.trtllm_front_config import TrtllmFrontConfig
+        from batchlm.serving.trtllm_service import TrtllmFrontService
+        from batchlm.tokenizer import Tokenizer
+
         config = triton_io.model_config(args)
         name = config["name"]
         triton_io.require_transaction_policy(config, decoupled=True)
