@@ -86,7 +86,7 @@ def _protocol(locustfile: str, extra: tuple[str, ...] = ()) -> str:
 def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, users, extra):
     prefix = tmp_path / "run"
     rc = _run(["-f", locustfile, "--headless", "--host", _host(server, locustfile), "--model", model,
-               "-u", str(users), "-r", str(users), "-t", "8s", "--csv", str(prefix), *SHORT_OUTPUTS, *extra],
+               "-u", str(users), "-r", str(users), "-t", "4s", "--csv", str(prefix), *SHORT_OUTPUTS, *extra],
               tmp_path / "locust.log", timeout=90)
     log = (tmp_path / "locust.log").read_text()
     assert rc == 0, log[-3000:]
@@ -261,7 +261,7 @@ def test_distributed_run_aggregates_two_workers(server, tmp_path):
     locustfile = ["-f", GRPC_USER]
     master = _start([*locustfile, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
                      "--expect-workers", "2", "--headless", "--host", server.grpc_url,
-                     "--model", "continuous_batching", "-u", "4", "-r", "4", "-t", "10s", "--csv", str(prefix),
+                     "--model", "continuous_batching", "-u", "4", "-r", "4", "-t", "5s", "--csv", str(prefix),
                      *SHORT_OUTPUTS], tmp_path / "master.log")
     # DEBUG: a worker logs the users it spawned only at that level.
     workers = [_start([*locustfile, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port),

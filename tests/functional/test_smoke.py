@@ -110,16 +110,19 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
 
 def test_serve_script_says_in_one_line_why_it_is_not_serving(tmp_path):
     """A port already taken: tritonserver's log says so and exits 1 before it is ready; the script exits
-    1 with one line of its own on stderr (not a traceback) and leaves nothing behind."""
+    1 with one line of its own on stderr (not a traceback) and leaves nothing behind. (An empty model
+    repository: the server binds its ports only once the models have loaded.)"""
     shm_before = set(Path("/dev/shm").iterdir())
+    (tmp_path / "empty").mkdir()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         ports = [str(taken.getsockname()[1]), str(free_port()), str(free_port())]
         out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
         with open(out, "wb") as out_sink, open(err, "wb") as err_sink:
-            proc = subprocess.run([sys.executable, "scripts/serve.py", "--http-port", ports[0], "--grpc-port",
-                                   ports[1], "--metrics-port", ports[2]], cwd=PROJECT_ROOT,
+            proc = subprocess.run([sys.executable, "scripts/serve.py", "--model-repository", str(tmp_path / "empty"),
+                                   "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]],
+                                  cwd=PROJECT_ROOT,
                                   stdout=out_sink, stderr=err_sink, timeout=300)
     text = err.read_text(errors="replace")
     assert proc.returncode == 1 and "Traceback" not in text, text
