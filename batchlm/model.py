@@ -25,10 +25,10 @@ from batchlm.rope import Rope, RotaryEmbedding, apply_rope
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
         self.native = False  # batchlm::rms_norm instead of torch's ops (LlamaForCausalLM.set_pointwise)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,10 +63,10 @@ class Linear(nn.Module):
     - "auto": the kernel where it has vector code, else oneDNN, else dense.
     """
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.out_features = out_features
-        self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features))
+        self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.packed: torch.Tensor | None = None  # the weight in `backend`'s layout once prepacked
         self.backend = "dense"  # what forward multiplies with: "kernel", "onednn" or "dense"
 
@@ -124,11 +124,11 @@ class RowsKept:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.H, self.KVH, self.hd = config.num_heads, config.num_kv_heads, config.head_dim
-        self.qkv_proj = Linear(config.hidden_size, (self.H + 2 * self.KVH) * self.hd)
-        self.o_proj = Linear(self.H * self.hd, config.hidden_size)
+        self.qkv_proj = Linear(config.hidden_size, (self.H + 2 * self.KVH) * self.hd, dtype)
+        self.o_proj = Linear(self.H * self.hd, config.hidden_size, dtype)
         self.native = False  # batchlm::rope_write_kv instead of apply_rope and write_kv (set_pointwise)
 
     def forward(self, x: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -152,10 +152,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, dtype)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, dtype)
         self.native = False  # batchlm::silu_mul instead of torch's ops (LlamaForCausalLM.set_pointwise)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -167,12 +167,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = Attention(config, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, dtype)
 
     def forward(self, h: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata, keep: RowsKept | None = None) -> torch.Tensor:
@@ -193,12 +193,15 @@ class LlamaForCausalLM(nn.Module):
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config = config
-        with torch.device("meta"):  # NOTE: no random init work; to_empty allocates below
-            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-            self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
-            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-            self.lm_head = Linear(config.hidden_size, config.vocab_size)
-        self.to(dtype=dtype).to_empty(device=device)
+        # NOTE: allocated where and as they will live, and never initialized: the checkpoint fills them. (On
+        # the meta device, then moved with to_empty, a load cost 3 to 4 s more: the embedding's random init
+        # there imported torch._dynamo, and to_empty's empty_like of a meta tensor imported sympy.)
+        with torch.device(device):
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,  # a weight given: no init
+                                             _weight=torch.empty(config.vocab_size, config.hidden_size, dtype=dtype))
+            self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_layers))
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype)
         self.rotary = RotaryEmbedding(config).to(device)  # float32 tables, real values
         self.attention_kernel = False  # set_attention: the native kernel instead of SDPA
         self.eval()
