@@ -19,8 +19,11 @@ from client.triton_llm import LLMClient
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("triton") / "server.log"
     # Explicit model control so tests can unload a model with requests in flight; all load at start.
+    # NOTE: an exit timeout of 5 s: the configs that test_static_batching.py has refused at load are still
+    # counted as live models when the server stops, so the stop takes the whole exit timeout (README,
+    # "Errors, overload and shutdown"; scripts/repro_failed_load_stall.py); 15 s of every run before
     srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
-                       extra_args=("--model-control-mode=explicit", "--load-model=*"))
+                       extra_args=("--model-control-mode=explicit", "--load-model=*"), exit_timeout_s=5)
     srv.start(timeout=300)
     yield srv
     tree = srv.descendants()
