@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from batchlm.serving.instance_claim import clear_claims, default_folder
+from batchlm.tokenizer import Tokenizer
 from batchlm.triton_server import PROJECT_ROOT, free_port, process_tree
 from client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import held_by_http_connections, is_alive
@@ -33,7 +34,8 @@ def test_answers_over_http_and_grpc(llm, name):
     grpc = llm.infer_grpc(name, "The quick brown fox", max_tokens=6, ignore_eos=True)
     assert http.num_output_tokens == grpc.num_output_tokens == 6
     assert http.finish_reason == grpc.finish_reason == "length"
-    assert http.num_input_tokens == grpc.num_input_tokens > 0
+    prompt_ids = Tokenizer.from_dir(PROJECT_ROOT / "models" / "default").encode("The quick brown fox")
+    assert http.num_input_tokens == grpc.num_input_tokens == len(prompt_ids)  # BOS and the prompt's tokens
     assert http.text == grpc.text and http.text
 
 
