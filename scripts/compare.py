@@ -50,7 +50,6 @@ from batchlm.triton_server import (DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServe
 from client import comparison, plots  # noqa: E402
 from client.arrivals import ArrivalSpec  # noqa: E402
 from client.benchmark import Benchmark, BenchmarkConfig, unfillable_batches  # noqa: E402
-from client.engine_baseline import engine_throughput  # noqa: E402
 from client.report import markdown_table, measure, summary_row, write_run  # noqa: E402
 from client.triton_llm import STREAMING_PROTOCOLS  # noqa: E402
 from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noqa: E402
@@ -171,6 +170,8 @@ class Comparison:
                     runs[role].append(self._measure(f"{role}/saturation-repeat-{i + 1}", server, model,
                                                     ArrivalSpec.closed_loop(concurrency), requests, stream=False))
                 if role == CONT:
+                    from client.engine_baseline import engine_throughput  # NOTE: here: torch takes 3 s to import
+
                     with self._cpu():
                         engine = engine_throughput(PROJECT_ROOT / "models/default",
                                                    self._engine_config(runs[CONT][0]), self.requests)
