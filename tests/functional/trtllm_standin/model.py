@@ -21,11 +21,8 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from batchlm.engine import LLMEngine
-from batchlm.owner_thread import OwnerThread
-from batchlm.sampling import SamplingParams
-from batchlm.serving.serving_config import ServingConfig
-from batchlm.serving.triton_io import resolve_model_dir
+# NOTE: the engine's modules (torch) are imported in the functions that use them, as in the project's
+# model.py files: Triton imports this file once more in a stub of its own to auto-complete the config
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -54,11 +51,18 @@ def _params(request):
         values.setdefault("temperature", 1.0)
     if _value(request, "random_seed") is not None:
         values["seed"] = int(_value(request, "random_seed"))
+    from batchlm.sampling import SamplingParams
+
     return SamplingParams(**values)
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        from batchlm.engine import LLMEngine
+        from batchlm.owner_thread import OwnerThread
+        from batchlm.serving.serving_config import ServingConfig
+        from batchlm.serving.triton_io import resolve_model_dir
+
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self._failing_output_len = int(params.pop("failing_output_len"))
         self._failing_after = int(params.pop("failing_after"))
