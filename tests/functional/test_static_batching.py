@@ -255,9 +255,9 @@ def test_sigterm_with_parked_grpc_requests_waits_for_no_http_connection(tmp_path
     model's config over HTTP even for a gRPC request and kept that connection open while it waited: the
     SIGTERM waited out the 15 s exit timeout for it, exited 1 and unloaded nothing."""
     log = tmp_path / "server.log"
-    # NOTE: an exit timeout of 5 s: a connection held open is still logged 5 times (and counted, below),
-    # and a stop that stalls on Triton's side (the NOTE below; in 2 of the last 3 full runs, sessions 31 and 32,
-    # none of its UNLOADING lines logged) costs 5 s instead of 15
+    # NOTE: an exit timeout of 5 s: a connection held open is still logged 5 times (and counted, below).
+    # And a stop that stalls on Triton's side (the NOTE below; in 3 of 4 full `make test` runs in sessions
+    # 31 and 32, never in 16 runs of this file or test alone) is killed 10 s after the SIGTERM, not 30
     srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
                        extra_args=("--model-control-mode=explicit", "--load-model=static_batching"),
                        exit_timeout_s=5)
@@ -267,19 +267,22 @@ def test_sigterm_with_parked_grpc_requests_waits_for_no_http_connection(tmp_path
             parked = [pool.submit(_send, srv, i, "grpc") for i in range(3)]
             time.sleep(2.0)
             assert not any(f.done() for f in parked)
-            srv.stop()
+            srv.stop(grace=10)
             answers = [_failure(f) for f in parked]
         del parked
     finally:
         srv.stop()
+    text = log.read_text()
     # NOTE: usually the model's own answer ("... was unloaded before a full batch ...") and a clean exit
     # 3 s after the SIGTERM; now and then the stub dies of SIGSEGV in pb_utils.is_model_ready during the
-    # shutdown, the unload hangs ("Found 1 live models" to the end of the exit timeout) and the gRPC
-    # service's close answers them ("Stream removed ... GOAWAY"): UNAVAILABLE either way, and not what
-    # this test is about (README, "Errors, overload and shutdown"; scripts/repro_sigterm_stall.py)
+    # shutdown, the unload hangs ("Found 1 live models" to the end of the exit timeout), the server then
+    # waits for the parked gRPC calls until it is killed, and that answers them ("Stream removed ...
+    # GOAWAY"): UNAVAILABLE either way, and not what this test is about (README, "Errors, overload and
+    # shutdown"; scripts/repro_sigterm_stall.py)
+    stalled = "Exit timeout expired" in text
     for status, message in answers:
-        assert status in UNAVAILABLE["grpc"] and ("unloaded" in message or "GOAWAY" in message), (status, message)
-    text = log.read_text()
+        assert status in UNAVAILABLE["grpc"], (status, message)
+        assert "unloaded" in message or (stalled and "GOAWAY" in message), (status, message, stalled)
     assert not held_by_http_connections(text), text[-3000:]
 
 
