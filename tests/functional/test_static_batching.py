@@ -256,7 +256,7 @@ def test_sigterm_with_parked_grpc_requests_waits_for_no_http_connection(tmp_path
     SIGTERM waited out the 15 s exit timeout for it, exited 1 and unloaded nothing."""
     log = tmp_path / "server.log"
     # NOTE: an exit timeout of 5 s: a connection held open is still logged 5 times (and counted, below).
-    # And a stop that stalls on Triton's side (the NOTE below; in 4 of 6 runs of the test suite in sessions
+    # And a stop that stalls on Triton's side (the NOTE below; in 4 of 7 runs of the test suite in sessions
     # 31 and 32, in none of 8 runs of this file or test alone) is killed 10 s after the SIGTERM, not 30
     srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
                        extra_args=("--model-control-mode=explicit", "--load-model=static_batching"),
