@@ -3,9 +3,7 @@
 
 class TritonPythonModel:
     def initialize(self, args):
-        # NOTE: imported here, not at the top: Triton's Python backend first imports this file in a stub
-        # of its own to auto-complete the config, and the engine's imports (torch) would cost that stub
-        # seconds of every load for nothing
+        # NOTE: here, not at the top: Triton also imports this file in a config-only stub, where torch costs seconds
         from batchlm.engine import LLMEngine
         from batchlm.serving import triton_io
         from batchlm.serving.continuous_service import ContinuousBatchingService

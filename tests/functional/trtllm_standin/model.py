@@ -21,8 +21,7 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# NOTE: the engine's modules (torch) are imported in the functions that use them, as in the project's
-# model.py files: Triton imports this file once more in a stub of its own to auto-complete the config
+# NOTE: the engine's modules (torch) are imported where used, as in the project's model.py files
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
