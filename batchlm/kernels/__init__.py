@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "paged_attention.cpp", HERE / "linear.cpp", HERE / "pointwise.cpp")
-HEADERS = (HERE / "scalar_math.h",)  # included by the sources: part of the library's key, not compiled alone
+# included by the sources: part of the library's key, not compiled alone
+HEADERS = (HERE / "scalar_math.h", HERE / "work_split.h")
 BUILD_DIR = HERE / "build"
 # NOTE: -march=native: the library is built on the machine that runs it (set-up), and its file name
 # carries the CPU's model and flags. No -ffast-math: the kernels' sums must keep their written order.

@@ -42,6 +42,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "work_split.h"
+
 namespace {
 
 constexpr int64_t kCols = 64;   // output columns per group: four 16-lane vectors
@@ -233,27 +235,26 @@ void block_bf16(const uint32_t* __restrict x, int64_t K2, const uint32_t* __rest
 template <typename X, typename W, typename O>
 using BlockFn = void (*)(const X*, int64_t, const W*, const Prefetch&, O*, int64_t, int64_t);
 
-// Rows in chunks of kChunk; in each chunk the two threads take halves of the groups, and each group is
-// multiplied by the chunk's rows kRows at a time. `row` is the length of one x row and one group row
-// (in elements of X and W: k for float32, pairs of k for bfloat16).
+// Rows in chunks of kChunk; in each chunk the threads share out the groups (for_each_item: each its own run
+// of groups, then what is left of the others'), and each group is multiplied by the chunk's rows kRows at a
+// time. `row` is the length of one x row and one group row (in elements of X and W: k for float32, pairs of
+// k for bfloat16).
 template <typename X, typename W, typename O>
 void run(const X* x, const W* w, O* out, int64_t T, int64_t row, int64_t G, int64_t n,
          const BlockFn<X, W, O> (&blocks)[kRows + 1]) {
   for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
     const int64_t rows = std::min(kChunk, T - t0);
-    at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g) {
-        const W* group = w + g * row * kCols;
-        const W* next = g + 1 < g1 ? group + row * kCols : nullptr;  // this thread's next group
-        const int64_t ncols = std::min(kCols, n - g * kCols);
-        // NOTE: the prefetch is shared by the full blocks only (or left to the first block if none is full):
-        // a short last block runs its iterations a few times faster, and its share would go out in a burst.
-        const int64_t parts = std::max<int64_t>(1, rows / kRows);
-        for (int64_t r = 0, part = 0; r < rows; r += kRows, ++part) {
-          const int R = static_cast<int>(std::min<int64_t>(kRows, rows - r));
-          blocks[R](x + (t0 + r) * row, row, group, Prefetch{part < parts ? next : nullptr, part, parts},
-                    out + (t0 + r) * n + g * kCols, n, ncols);
-        }
+    batchlm::for_each_item(G, [] { return 0; }, [&](int, int64_t g, int64_t next_g) {
+      const W* group = w + g * row * kCols;
+      const W* next = next_g >= 0 ? w + next_g * row * kCols : nullptr;  // this thread's likely next group
+      const int64_t ncols = std::min(kCols, n - g * kCols);
+      // NOTE: the prefetch is shared by the full blocks only (or left to the first block if none is full):
+      // a short last block runs its iterations a few times faster, and its share would go out in a burst.
+      const int64_t parts = std::max<int64_t>(1, rows / kRows);
+      for (int64_t r = 0, part = 0; r < rows; r += kRows, ++part) {
+        const int R = static_cast<int>(std::min<int64_t>(kRows, rows - r));
+        blocks[R](x + (t0 + r) * row, row, group, Prefetch{part < parts ? next : nullptr, part, parts},
+                  out + (t0 + r) * n + g * kCols, n, ncols);
       }
     });
   }

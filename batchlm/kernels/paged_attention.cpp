@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "scalar_math.h"
+#include "work_split.h"
 
 namespace {
 
@@ -247,9 +248,22 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int64_t* table
             int64_t bs, float scale, int64_t max_len) {
   const int64_t G = H / KVH;
   const int64_t stride = (max_len + bs - 1) / bs * bs;  // scores per head, whole blocks
-  at::parallel_for(0, T_ * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(G * hd), kscratch(hd * bs), vrow(hd), acc(G * hd), scores(G * stride), inv_sum(G);
-    for (int64_t item = begin; item < end; ++item) {
+  struct Scratch {  // one per thread; `expected` is the item whose first keys the thread prefetched last
+    std::vector<float> qf, kscratch, vrow, acc, scores, inv_sum;
+    int64_t expected = -1;
+  };
+  const auto first_keys = [&](int64_t item) {
+    const int64_t* table = tables + seq_ids[item / KVH] * max_blocks;
+    const int64_t nb = std::min<int64_t>(kPrefetchBlocks, (key_lens[item / KVH] + bs - 1) / bs);
+    for (int64_t b = 0; b < nb; ++b) prefetch(k_cache + (table[b] * KVH + item % KVH) * hd * bs, hd * bs);
+  };
+  batchlm::for_each_item(
+      T_ * KVH,
+      [&] { return Scratch{std::vector<float>(G * hd), std::vector<float>(hd * bs), std::vector<float>(hd),
+                           std::vector<float>(G * hd), std::vector<float>(G * stride), std::vector<float>(G)}; },
+      [&](Scratch& sc, int64_t item, int64_t next) {
+      std::vector<float>&qf = sc.qf, &kscratch = sc.kscratch, &vrow = sc.vrow, &acc = sc.acc, &scores = sc.scores,
+                        &inv_sum = sc.inv_sum;
       const int64_t t = item / KVH, g = item % KVH;
       const int64_t* table = tables + seq_ids[t] * max_blocks;
       const int64_t L = key_lens[t];
@@ -258,12 +272,10 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int64_t* table
         for (int64_t d = 0; d < hd; ++d) qf[h * hd + d] *= scale;
       }
       const int64_t nblk = (L + bs - 1) / bs;
-      for (int64_t next = item == begin ? item : item + 1; next <= item + 1 && next < end; ++next) {
-        // the first keys of the next item (and, at a chunk's start, of this one)
-        const int64_t* ntable = tables + seq_ids[next / KVH] * max_blocks;
-        const int64_t nb = std::min<int64_t>(kPrefetchBlocks, (key_lens[next / KVH] + bs - 1) / bs);
-        for (int64_t b = 0; b < nb; ++b) prefetch(k_cache + (ntable[b] * KVH + next % KVH) * hd * bs, hd * bs);
-      }
+      // the first keys of the item this thread will likely run next (and of this one, if it was not that)
+      if (item != sc.expected) first_keys(item);
+      if (next >= 0) first_keys(next);
+      sc.expected = next;
       for (int64_t b = 0; b < nblk; ++b) {  // NOTE: lanes past L in the last block are computed, never read
         // The blocks sit anywhere in a cache far larger than the CPU's caches, and a model step streams all
         // weights between two calls: ask for the keys PREFETCH_BLOCKS blocks ahead and this block's values
@@ -298,8 +310,7 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int64_t* table
         for (int64_t d = 0; d < hd; ++d) a[d] *= inv_sum[h];
         store_row(a, out + (t * H + g * G + h) * hd, hd);
       }
-    }
-  });
+      });
 }
 
 template <typename T>

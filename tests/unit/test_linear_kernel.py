@@ -104,6 +104,26 @@ def test_a_rows_bits_do_not_depend_on_the_rest_of_the_call(dtype, n, k):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("threads", [3, 8])
+@pytest.mark.parametrize("n,t", [(4096, 1), (4096, 8), (300, 40), (64, 3)])
+def test_every_group_is_computed_once_however_the_threads_share_them(threads, n, t):
+    """More threads than this machine's cores: some are preempted mid-call and the others take the groups
+    left in their shares (work_split.h). Every output must still be the one-thread result, call after call;
+    each call has new inputs, so a group that no thread computed cannot pass with the last call's values."""
+    w = weight(n, 96)
+    packed = torch.ops.batchlm.pack_linear(w)
+    xs = [rows(t, 96, seed=i) for i in range(24)]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = [torch.ops.batchlm.linear(x, packed, n) for x in xs]
+        torch.set_num_threads(threads)
+        for i, x in enumerate(xs):
+            assert torch.equal(torch.ops.batchlm.linear(x, packed, n), serial[i]), i
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_non_contiguous_rows_and_empty_calls():
     w = weight(70, 33)
     x = rows(33, 10).T  # (10, 33), not contiguous

@@ -68,6 +68,28 @@ def test_a_token_gets_the_same_bits_alone_and_in_any_batch(dtype):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("threads", [3, 8])
+def test_every_token_is_attended_once_however_the_threads_share_them(threads):
+    """Contexts from 1 to 190 keys, so the (token, KV head) items are uneven, and more threads than this
+    machine's cores, so some are preempted and the others take what is left of their shares
+    (work_split.h). Each call gets new queries: an item that no thread computed cannot pass with the
+    last call's output, and every output must be the one-thread result."""
+    k, k_cache, v, tables = paged(torch.float32)
+    g = torch.Generator().manual_seed(7)
+    seq_ids = torch.randint(0, 5, (40,), generator=g).tolist()
+    key_lens = torch.randint(1, 191, (40,), generator=g).tolist()
+    qs = [torch.randn(40, H, HD, generator=g) for _ in range(16)]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = [call(q, k_cache, v, tables, seq_ids, key_lens) for q in qs]
+        torch.set_num_threads(threads)
+        for i, q in enumerate(qs):
+            assert torch.equal(call(q, k_cache, v, tables, seq_ids, key_lens), serial[i]), i
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_vector_code_gets_the_bits_of_the_generic_code():
     """The default shape (bs 16, hd 64, 4 query heads per KV head) runs the vector code (AVX-512 or AVX2); 2
     heads per KV head run the generic loops. A head's result depends on its own query alone, so heads 0-1 of
