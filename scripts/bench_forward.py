@@ -4,6 +4,7 @@
     python scripts/bench_forward.py [--model models/default] [--context 128] [--threads 2]
                                     [--batch-sizes 1,2,4,8,16] [--dtype float32|bfloat16] [--prompt-len 0]
                                     [--profile] [--linear auto|kernel|onednn] [--pointwise auto|kernel|torch]
+                                    [--interfere SECONDS]
 
 Prints ms per step and tokens/s per batch size, and the batch-8 / batch-1 tokens/s ratio; with
 --prompt-len L also one prefill forward of each batch size's prompts (L tokens each) and its cost per
@@ -13,9 +14,14 @@ rest, gives the linears' GFLOP/s, and first times a 1024 x 1024 x 1024 matmul in
 close the linears run to what this CPU's matmul can do. `--linear` picks the packed matmul
 (LlamaForCausalLM.prepack_linears): the batchlm kernel or oneDNN, to compare the two; `--pointwise` the
 element-wise ops (LlamaForCausalLM.set_pointwise): the batchlm kernels or torch's.
+`--interfere S` also times each batch size's decode step for S seconds alone and S seconds beside two
+processes that each spin SPIN_S of a core every SPIN_S + SLEEP_S (what a server's and a client's
+wake-ups do to the engine on a shared machine), and prints the two mean step times and their ratio:
+a preempted engine thread costs a step more than the CPU it lost if its partner waits for it.
 """
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,6 +69,37 @@ def time_step(model, cache: KVCache, batch: ForwardBatch, iters: int) -> float:
         model(batch, cache)
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 5]
+
+
+SPIN_S, SLEEP_S = 0.0002, 0.0018  # --interfere: each of the 2 spinners takes 10% of a core in 0.2 ms bursts
+# NOTE: a spinner ends by itself once its parent is gone, so a killed benchmark leaves no process spinning
+SPINNER = ("import os, time\nparent = os.getppid()\nwhile os.getppid() == parent:\n    t = time.perf_counter()\n"
+           f"    while time.perf_counter() - t < {SPIN_S}: pass\n    time.sleep({SLEEP_S})\n")
+
+
+def mean_step(model, cache: KVCache, batch: ForwardBatch, seconds: float) -> float:
+    """Mean seconds a step over `seconds` of back-to-back steps (every step counts, slow ones included)."""
+    for _ in range(3):
+        model(batch, cache)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        model(batch, cache)
+        steps += 1
+    return (time.perf_counter() - start) / steps
+
+
+def interfered(model, cache: KVCache, batch: ForwardBatch, seconds: float) -> tuple[float, float]:
+    """mean_step alone, then beside two spinner processes (killed before returning)."""
+    alone = mean_step(model, cache, batch, seconds)
+    spinners = [subprocess.Popen([sys.executable, "-c", SPINNER]) for _ in range(2)]
+    try:
+        time.sleep(0.2)
+        beside = mean_step(model, cache, batch, seconds)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    return alone, beside
 
 
 def linear_flops(config, tokens: int, seqs: int) -> int:
@@ -123,6 +160,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="split each forward into linears, attention, rest")
     ap.add_argument("--linear", choices=LINEAR_BACKENDS, default="auto", help="packed matmul")
     ap.add_argument("--pointwise", choices=POINTWISE_BACKENDS, default="auto", help="element-wise ops")
+    ap.add_argument("--interfere", type=float, default=0, metavar="SECONDS",
+                    help="also time decode steps alone and beside two spinning processes, this long each")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -146,6 +185,10 @@ def main() -> int:
             prefill = 1e3 * time_step(model, cache, prefill_rows, max(3, args.iters // 10))
             line += f"  prefill {prefill:8.1f} ms ({prefill / (s * args.prompt_len):.3f} ms per prompt token)"
         print(line)
+        if args.interfere > 0:
+            alone, beside = interfered(model, cache, decode, args.interfere)
+            print(f"  decode mean: {1e3 * alone:.2f} ms alone, {1e3 * beside:.2f} ms beside 2 spinners "
+                  f"(x{beside / alone:.3f})")
         if args.profile:
             runs = [("decode", decode, linear_flops(model.config, s, s))]
             if args.prompt_len > 0:

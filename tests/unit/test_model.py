@@ -370,6 +370,25 @@ def test_bench_forward_times_decode_and_prefill_per_batch_size():
         assert all(t > 0 for t in times) and "GFLOP/s" in line, line
 
 
+def test_bench_forward_interfere_times_steps_alone_and_beside_spinners_and_stops_them():
+    """scripts/bench_forward.py --interfere: two mean step times per batch size, and no spinner left after."""
+    import re
+    import subprocess
+    import sys
+
+    from batchlm.triton_server import PROJECT_ROOT
+
+    proc = subprocess.run([sys.executable, "scripts/bench_forward.py", "--batch-sizes", "2", "--iters", "3",
+                           "--context", "20", "--interfere", "0.3"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(line for line in proc.stdout.splitlines() if "decode mean" in line)
+    alone, beside = (float(t) for t in re.findall(r"([0-9.]+) ms (?:alone|beside)", line))
+    assert alone > 0 and beside > 0, line
+    left = subprocess.run(["pgrep", "-f", "while os.getppid"], capture_output=True, text=True)
+    assert left.stdout == "", f"spinner processes left running: {left.stdout}"
+
+
 def test_step_costs_reads_each_strategy_saturated_and_the_same_kv_ratio():
     """scripts/step_costs.py: a row per strategy (same-KV included when asked) and the ratios to request-level."""
     import subprocess
