@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from batchlm import kernels
+from tests.unit.torch_threads import intra_op_threads
 
 COLS = 64  # output columns per packed group (linear.cpp)
 
@@ -96,12 +97,8 @@ def test_a_rows_bits_do_not_depend_on_the_rest_of_the_call(dtype, n, k):
     for t in (2, 6, 7, 40, 96, 97, 203):
         assert torch.equal(torch.ops.batchlm.linear(x[:t], packed, n), alone[:t]), t
     assert torch.equal(torch.ops.batchlm.linear(x[5:45], packed, n), alone[5:45])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with intra_op_threads(1):
         assert torch.equal(torch.ops.batchlm.linear(x, packed, n), alone)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("threads", [3, 8])
@@ -113,15 +110,11 @@ def test_every_group_is_computed_once_however_the_threads_share_them(threads, n,
     w = weight(n, 96)
     packed = torch.ops.batchlm.pack_linear(w)
     xs = [rows(t, 96, seed=i) for i in range(24)]
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with intra_op_threads(1):
         serial = [torch.ops.batchlm.linear(x, packed, n) for x in xs]
-        torch.set_num_threads(threads)
+    with intra_op_threads(threads):
         for i, x in enumerate(xs):
             assert torch.equal(torch.ops.batchlm.linear(x, packed, n), serial[i]), i
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_non_contiguous_rows_and_empty_calls():

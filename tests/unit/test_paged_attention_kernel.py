@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from batchlm import kernels
+from tests.unit.torch_threads import intra_op_threads
 
 BS, KVH, H, HD = 16, 2, 8, 64
 
@@ -60,12 +61,8 @@ def test_a_token_gets_the_same_bits_alone_and_in_any_batch(dtype):
     for t in range(len(seq_ids)):
         alone = call(q[t:t + 1], k_cache, v, tables[seq_ids[t]:seq_ids[t] + 1].contiguous(), [0], [key_lens[t]])
         assert torch.equal(alone[0], together[t]), f"token {t} changed with the batch"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # and with the thread that computes it
-    try:
+    with intra_op_threads(1):  # and with the thread that computes it
         assert torch.equal(call(q, k_cache, v, tables, seq_ids, key_lens), together)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("threads", [3, 8])
@@ -79,15 +76,11 @@ def test_every_token_is_attended_once_however_the_threads_share_them(threads):
     seq_ids = torch.randint(0, 5, (40,), generator=g).tolist()
     key_lens = torch.randint(1, 191, (40,), generator=g).tolist()
     qs = [torch.randn(40, H, HD, generator=g) for _ in range(16)]
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with intra_op_threads(1):
         serial = [call(q, k_cache, v, tables, seq_ids, key_lens) for q in qs]
-        torch.set_num_threads(threads)
+    with intra_op_threads(threads):
         for i, q in enumerate(qs):
             assert torch.equal(call(q, k_cache, v, tables, seq_ids, key_lens), serial[i]), i
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_the_vector_code_gets_the_bits_of_the_generic_code():

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from batchlm import kernels
 from batchlm.rope import Rope, apply_rope
+from tests.unit.torch_threads import intra_op_threads
 
 EPS = 1e-5
 
@@ -105,17 +106,13 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows_or_the_threads(dtype, threa
     qkv = randn(T, 12, 64, seed=6, dtype=dtype)
     cos, sin = rope_tables(torch.arange(T) * 7, 64, dtype)
     slots = torch.randperm(64, generator=torch.Generator().manual_seed(7))[:T]
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with intra_op_threads(threads):
         together = call_all(x, gu, qkv, cos, sin, slots, w)
         for i in (0, 17, T - 1):
             one = slice(i, i + 1)
             alone = call_all(x[one], gu[one], qkv[one], cos[one], sin[one], slots[one], w)
             for name, a, b in zip(("norm", "sum", "norm of sum", "silu_mul", "q", "k", "v"), alone, together):
                 assert torch.equal(a[0], b[i]), (name, i)
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_bad_inputs_are_refused_with_the_reason():
