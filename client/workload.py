@@ -47,6 +47,14 @@ class WorkloadSpec:
         """E[min(cap, max(min, ceil(Exp(mean))))], computed numerically."""
         return _expected_max_of(1, self)
 
+    def expected_max_output_length(self, batch: int) -> float:
+        """E[longest of `batch` output lengths]: a request-level batch's steps."""
+        return _expected_max_of(batch, self)
+
+    def expected_output_square(self) -> float:
+        """E[length^2] = sum_n (2n - 1) P(length >= n)."""
+        return sum((2 * n - 1) * (1.0 - _cdf(n - 1, self)) for n in range(1, self.output_cap + 1))
+
     def static_speedup_bound(self, batch: int) -> float:
         """Step-count bound of continuous over request-level batching: E[longest of `batch`] / E[mean]."""
         return _expected_max_of(batch, self) / _expected_max_of(1, self)
@@ -82,15 +90,15 @@ def build_requests(spec: WorkloadSpec, model_dir: Path | str = DEFAULT_MODEL_DIR
     return requests
 
 
+def _cdf(n: int, spec: WorkloadSpec) -> float:
+    """P(output length <= n)."""
+    if n < spec.output_min:
+        return 0.0
+    if n >= spec.output_cap:
+        return 1.0
+    return 1.0 - math.exp(-n / spec.output_mean)  # P(ceil(X) <= n) = P(X <= n)
+
+
 def _expected_max_of(k: int, spec: WorkloadSpec) -> float:
     """E[max of k iid output lengths] = sum_{n>=1} P(max >= n) = sum_n 1 - F(n-1)^k."""
-    rate = 1.0 / spec.output_mean
-
-    def cdf(n: int) -> float:  # P(length <= n)
-        if n < spec.output_min:
-            return 0.0
-        if n >= spec.output_cap:
-            return 1.0
-        return 1.0 - math.exp(-rate * n)  # P(ceil(X) <= n) = P(X <= n)
-
-    return sum(1.0 - cdf(n - 1) ** k for n in range(1, spec.output_cap + 1))
+    return sum(1.0 - _cdf(n - 1, spec) ** k for n in range(1, spec.output_cap + 1))

@@ -1,0 +1,87 @@
+"""client.step_cost_model: the strategies' ratios from step costs, and scripts/predict_ratios.py on the model."""
+
+import re
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from batchlm.triton_server import PROJECT_ROOT
+from client import step_cost_model as scm
+from client.workload import WorkloadRequest, WorkloadSpec, build_requests
+
+
+def test_the_spec_expectations_match_its_seeded_requests():
+    spec = WorkloadSpec(num_requests=4000)
+    requests = build_requests(spec)
+    expected, sampled = scm.Lengths.of_spec(spec, bos=True), scm.Lengths.of_requests(requests, bos=True)
+    for field in ("prompt", "output", "output_square", "longest_of_batch"):
+        assert getattr(sampled, field) == pytest.approx(getattr(expected, field), rel=0.05), field
+    assert expected.step_count_bound == pytest.approx(spec.static_speedup_bound(8))
+    fixed = scm.Lengths.of_spec(WorkloadSpec(output_min=100, output_cap=100), bos=False)
+    assert (fixed.output, fixed.output_square, fixed.longest_of_batch) == pytest.approx((100, 100 * 100, 100))
+    assert fixed.continuous_context == fixed.request_level_context == 72 + 50  # mean prompt + half the length
+
+
+def test_a_sample_is_read_in_batches_of_8_in_arrival_order():
+    requests = [WorkloadRequest(i, "p", 10 + i % 2, n) for i, n in enumerate([1, 2, 3, 4, 5, 6, 7, 20, 4, 4])]
+    lengths = scm.Lengths.of_requests(requests, bos=True)
+    assert lengths.prompt == pytest.approx(11.5)
+    assert lengths.output == pytest.approx(5.6)
+    assert lengths.longest_of_batch == pytest.approx((20 + 4) / 2)  # the second batch has 2 requests
+
+
+def _costs(prompt_ms: float, step_8: float, steps: dict[int, float]) -> scm.StepCosts:
+    return scm.StepCosts(prompt_token_ms=prompt_ms, request_level_step_ms=step_8, decode_step_ms=steps)
+
+
+LENGTHS = scm.Lengths.of_spec(WorkloadSpec(), bos=True)
+
+
+def test_free_prompts_and_flat_steps_give_the_step_count_ratio():
+    costs = _costs(0.0, 6.0, {8: 6.0, 40: 30.0})
+    steps_ratio = (LENGTHS.longest_of_batch - 1) / (LENGTHS.output - 1)
+    assert scm.ratio(LENGTHS, costs, seqs=8) == pytest.approx(steps_ratio)
+    # a step five times as wide that costs five times as much gains nothing per token
+    assert scm.ratio(LENGTHS, costs, seqs=40) == pytest.approx(steps_ratio)
+    assert steps_ratio == pytest.approx(LENGTHS.step_count_bound, rel=0.01)
+
+
+def test_prompts_pull_every_ratio_toward_one():
+    costs = _costs(0.25, 6.0, {8: 6.0, 40: 15.0})
+    for n in (8, 40):
+        free = scm.ratio(LENGTHS, costs, seqs=n, prompts=False)
+        assert 1.0 < scm.ratio(LENGTHS, costs, seqs=n) < free
+    assert scm.ratio(LENGTHS, costs, seqs=40, prompts=False) == pytest.approx(
+        scm.ratio(LENGTHS, costs, seqs=8, prompts=False) * (6.0 / 8) / (15.0 / 40))
+    assert scm.request_ms(LENGTHS, costs) == pytest.approx(73 * 0.25 + (LENGTHS.longest_of_batch - 1) * 6.0 / 8)
+
+
+def test_the_decode_cost_needed_for_a_target_reaches_it_exactly():
+    costs = _costs(0.25, 6.0, {8: 6.0})
+    needed = scm.decode_token_ms_needed(LENGTHS, costs, target=5.0)
+    assert scm.ratio(LENGTHS, _costs(0.25, 6.0, {40: 40 * needed}), seqs=40) == pytest.approx(5.0)
+    # prompts that alone cost more than a fifth of a request-level request leave no budget at all
+    assert scm.decode_token_ms_needed(LENGTHS, _costs(5.0, 6.0, {8: 6.0}), target=5.0) < 0
+
+
+def test_predict_ratios_times_each_size_and_predicts_the_targets():
+    """scripts/predict_ratios.py: a row per size with positive costs, and the two target lines."""
+    proc = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "2,8", "--rounds", "1",
+                           "--iters", "3"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [int(row.split("|")[1]) for row in rows] == [2, 8]
+    for row in rows:
+        cells = [float(cell) for cell in row.split("|")[2:-1] if not cell.strip().endswith("%")]
+        assert all(value > 0 for value in cells), row
+    assert re.search(r"continuous at 8 / static, predicted in process: \d+\.\d\d \(target 2\.3\)", proc.stdout)
+    assert "the default spec's expectations" in proc.stdout
+    assert re.search(r"same KV memory: the best of these, [28] sequences, predicts \d+\.\d\d", proc.stdout)
+    sample = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "8", "--rounds", "1", "--iters",
+                             "3", "--num-requests", "16"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert sample.returncode == 0 and "the first 16 requests" in sample.stdout, sample.stderr[-2000:]
+    bad = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "0"], cwd=PROJECT_ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--seqs" in bad.stderr
