@@ -3,19 +3,21 @@ decode step at n sequences, the cost of a prompt token and the workload's length
 
 Every strategy generates the same tokens; what differs is how many forward passes it takes and how
 wide they are. Per request (means over the workload, `Lengths`; the drain at a run's end left out):
-- its prompt costs `prompt_token_ms` a token, the same in any batch (a prefill is arithmetic-bound), and
-  gives its first output token;
+- its prompt costs `prompt_token_ms` a token in every strategy (a prefill is arithmetic-bound, so a
+  prompt token costs about the same in any batch), and gives its first output token;
 - request-level batching (batches of 8, finished rows kept as padding) runs E[longest of 8] - 1 decode
   steps of 8 rows per batch, so a request's share is (E[longest of 8] - 1) * D(8) / 8;
 - continuous batching at n sequences a step: (E[output] - 1) * D(n) / n.
 With free prompts and D(n) / n flat, continuous/request-level is (E[longest of 8] - 1) / (E[output] - 1),
-about the step-count bound E[longest of 8] / E[output] that the benchmark prints. A prompt that rides in a continuous step with
-decode rows saves those rows most of their step; the model leaves that out, which understates
-continuous batching by a few percent.
+about the step-count bound E[longest of 8] / E[output] that the benchmark prints. Left out, and each in
+continuous batching's favour: a prompt that rides in a continuous step with decode rows spares those
+rows most of a step, and a cost per step outside the forward pass (the same in both) weighs more on
+request-level batching's 2.6 times as many steps.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,41 +39,67 @@ class StepCosts:
 @dataclass(frozen=True)
 class Lengths:
     """A workload's lengths in tokens, as the model needs them: expectations of a spec, or the means of
-    a sample of its requests."""
+    a sample of its requests (request-level batches: REQUEST_LEVEL_BATCH requests in arrival order).
 
-    prompt: float        # mean prompt length, BOS included where the tokenizer adds it
-    output: float        # mean output length
-    output_square: float  # mean squared output length
-    longest_of_batch: float  # mean longest output of a request-level batch (REQUEST_LEVEL_BATCH in arrival order)
+    A decode step's context is the KV length a row attends over, averaged over the decode steps a
+    strategy runs: the j-th decode step of a request with prompt P and O output tokens attends over
+    P + j tokens (j = 1 .. O - 1); a finished row kept as padding re-feeds its last position, P + O - 1,
+    until its batch ends."""
+
+    prompt: float            # mean prompt length, BOS included where the tokenizer adds it
+    output: float            # mean output length
+    longest_of_batch: float  # mean longest output of a request-level batch
+    request_level_context: float  # mean KV length of a row in a request-level decode step, padding included
+    continuous_context: float     # mean KV length of a row in a continuous decode step
 
     @classmethod
     def of_spec(cls, spec: WorkloadSpec, bos: bool) -> Lengths:
-        return cls(prompt=(spec.prompt_tokens_min + spec.prompt_tokens_max) / 2 + (1 if bos else 0),
-                   output=spec.expected_output_length(), output_square=spec.expected_output_square(),
-                   longest_of_batch=spec.expected_max_output_length(REQUEST_LEVEL_BATCH))
+        prompt = (spec.prompt_tokens_min + spec.prompt_tokens_max) / 2 + (1 if bos else 0)
+        pmf = [spec.output_cdf(n) - spec.output_cdf(n - 1) for n in range(spec.output_cap + 1)]
+        others = REQUEST_LEVEL_BATCH - 1  # the batch's other rows: the pmf of their longest
+        pmf_others = [spec.output_cdf(n) ** others - spec.output_cdf(n - 1) ** others
+                      for n in range(spec.output_cap + 1)]
+        # a row's decode-step context summed over its batch's steps, given its length and the batch's longest
+        row_tokens = sum(p * q * _padded_row_tokens(o, max(o, m))
+                         for o, p in enumerate(pmf) if p for m, q in enumerate(pmf_others) if q)
+        longest = spec.expected_max_output_length(REQUEST_LEVEL_BATCH)
+        mean_output = spec.expected_output_length()
+        output_pairs = sum(p * o * (o - 1) / 2 for o, p in enumerate(pmf))  # E[sum_{j<O} j]
+        decodes = mean_output > 1  # else no request has a decode step, and a step's context is moot
+        return cls(prompt=prompt, output=mean_output, longest_of_batch=longest,
+                   request_level_context=prompt + row_tokens / (longest - 1) if decodes else prompt,
+                   continuous_context=prompt + output_pairs / (mean_output - 1) if decodes else prompt)
 
     @classmethod
     def of_requests(cls, requests: Sequence[WorkloadRequest], bos: bool) -> Lengths:
-        outputs = [r.max_tokens for r in requests]
-        batches = [outputs[i:i + REQUEST_LEVEL_BATCH] for i in range(0, len(outputs), REQUEST_LEVEL_BATCH)]
-        return cls(prompt=statistics.mean(r.prompt_tokens for r in requests) + (1 if bos else 0),
-                   output=statistics.mean(outputs), output_square=statistics.mean(n * n for n in outputs),
-                   longest_of_batch=statistics.mean(max(b) for b in batches))
+        extra = 1 if bos else 0
+        batches = [requests[i:i + REQUEST_LEVEL_BATCH] for i in range(0, len(requests), REQUEST_LEVEL_BATCH)]
+        rows = steps = 0.0  # request-level: context summed over rows and steps, and row-steps
+        for batch in batches:
+            longest = max(r.max_tokens for r in batch)
+            for r in batch:
+                rows += (r.prompt_tokens + extra) * (longest - 1) + _padded_row_tokens(r.max_tokens, longest)
+            steps += len(batch) * (longest - 1)
+        decode_steps = sum(r.max_tokens - 1 for r in requests)
+        live = sum((r.max_tokens - 1) * (r.prompt_tokens + extra) + r.max_tokens * (r.max_tokens - 1) / 2
+                   for r in requests)
+        prompt = statistics.mean(r.prompt_tokens for r in requests) + extra
+        return cls(prompt=prompt, output=statistics.mean(r.max_tokens for r in requests),
+                   longest_of_batch=statistics.mean(max(r.max_tokens for r in b) for b in batches),
+                   request_level_context=rows / steps if steps else prompt,  # as in of_spec
+                   continuous_context=live / decode_steps if decode_steps else prompt)
 
     @property
     def step_count_bound(self) -> float:
+        """E[longest of a request-level batch] / E[output]: continuous over request-level batching when
+        prompts are free and a step costs the same at any width."""
         return self.longest_of_batch / self.output
 
-    @property
-    def request_level_context(self) -> int:
-        """Mean KV length of a request-level decode step: every row runs until the batch's longest is done."""
-        return round(self.prompt + self.longest_of_batch / 2)
 
-    @property
-    def continuous_context(self) -> int:
-        """Mean KV length of a continuous decode step: over the steps a request runs in (the longer ones
-        run in more), it holds E[O^2] / (2 E[O]) output tokens on average."""
-        return round(self.prompt + self.output_square / (2 * self.output))
+def _padded_row_tokens(length: int, longest: int) -> int:
+    """Output tokens a row of `length` attends over, summed over its batch's `longest` - 1 decode steps:
+    j at step j while it runs, then `length` - 1 as padding."""
+    return (length - 1) * length // 2 + (length - 1) * (longest - length)
 
 
 def request_ms(lengths: Lengths, costs: StepCosts, seqs: int | None = None, prompts: bool = True) -> float:
@@ -91,6 +119,8 @@ def ratio(lengths: Lengths, costs: StepCosts, seqs: int, prompts: bool = True) -
 def decode_token_ms_needed(lengths: Lengths, costs: StepCosts, target: float) -> float:
     """What a continuous decode token, D(n) / n, may cost at most for continuous batching to reach
     `target` times request-level batching's output tokens/s with the prompts as they cost (<= 0: the
-    prompts alone cost more than that)."""
+    prompts alone cost more than that; inf: no request decodes)."""
+    if lengths.output <= 1:
+        return math.inf
     budget = request_ms(lengths, costs) / target - lengths.prompt * costs.prompt_token_ms
     return budget / (lengths.output - 1)

@@ -51,9 +51,13 @@ class WorkloadSpec:
         """E[longest of `batch` output lengths]: a request-level batch's steps."""
         return _expected_max_of(batch, self)
 
-    def expected_output_square(self) -> float:
-        """E[length^2] = sum_n (2n - 1) P(length >= n)."""
-        return sum((2 * n - 1) * (1.0 - _cdf(n - 1, self)) for n in range(1, self.output_cap + 1))
+    def output_cdf(self, n: int) -> float:
+        """P(output length <= n)."""
+        if n < self.output_min:
+            return 0.0
+        if n >= self.output_cap:
+            return 1.0
+        return 1.0 - math.exp(-n / self.output_mean)  # P(ceil(X) <= n) = P(X <= n)
 
     def static_speedup_bound(self, batch: int) -> float:
         """Step-count bound of continuous over request-level batching: E[longest of `batch`] / E[mean]."""
@@ -90,15 +94,6 @@ def build_requests(spec: WorkloadSpec, model_dir: Path | str = DEFAULT_MODEL_DIR
     return requests
 
 
-def _cdf(n: int, spec: WorkloadSpec) -> float:
-    """P(output length <= n)."""
-    if n < spec.output_min:
-        return 0.0
-    if n >= spec.output_cap:
-        return 1.0
-    return 1.0 - math.exp(-n / spec.output_mean)  # P(ceil(X) <= n) = P(X <= n)
-
-
 def _expected_max_of(k: int, spec: WorkloadSpec) -> float:
     """E[max of k iid output lengths] = sum_{n>=1} P(max >= n) = sum_n 1 - F(n-1)^k."""
-    return sum(1.0 - _cdf(n - 1, spec) ** k for n in range(1, spec.output_cap + 1))
+    return sum(1.0 - spec.output_cdf(n - 1) ** k for n in range(1, spec.output_cap + 1))

@@ -389,6 +389,30 @@ def test_bench_forward_interfere_times_steps_alone_and_beside_spinners_and_stops
     assert left.stdout == "", f"spinner processes left running: {left.stdout}"
 
 
+def test_engine_ratios_keeps_the_continuous_engines_full_between_request_level_batches():
+    """scripts/engine_ratios.py: every strategy timed, the continuous engines saturated in every step."""
+    import subprocess
+    import sys
+
+    from batchlm.triton_server import PROJECT_ROOT
+
+    proc = subprocess.run([sys.executable, "scripts/engine_ratios.py", "--num-requests", "16", "--same-kv-seqs", "12"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {row.split("|")[1].strip(): [cell.strip() for cell in row.split("|")[2:-1]]
+            for row in proc.stdout.splitlines() if row.startswith("| ") and "strategy" not in row}
+    assert list(rows) == ["request-level (8 per batch)", "continuous (8 in flight)", "same KV (12 at most)"]
+    assert float(rows["request-level (8 per batch)"][0]) > 0
+    for name, seqs in (("continuous (8 in flight)", "8.00"), ("same KV (12 at most)", "12.00")):
+        tok_s, seconds, per_step, ratio, per_batch = rows[name]
+        assert float(tok_s) > 0 and float(seconds) > 0, rows[name]
+        assert per_step == seqs, rows[name]  # topped up before every step, so never a slot empty
+        assert float(ratio) > 1 and float(per_batch) > 1, rows[name]
+    bad = subprocess.run([sys.executable, "scripts/engine_ratios.py", "--num-requests", "4"], cwd=PROJECT_ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--num-requests" in bad.stderr
+
+
 def test_step_costs_reads_each_strategy_saturated_and_the_same_kv_ratio():
     """scripts/step_costs.py: a row per strategy (same-KV included when asked) and the ratios to request-level."""
     import subprocess

@@ -14,14 +14,25 @@ from client.workload import WorkloadRequest, WorkloadSpec, build_requests
 
 def test_the_spec_expectations_match_its_seeded_requests():
     spec = WorkloadSpec(num_requests=4000)
-    requests = build_requests(spec)
-    expected, sampled = scm.Lengths.of_spec(spec, bos=True), scm.Lengths.of_requests(requests, bos=True)
-    for field in ("prompt", "output", "output_square", "longest_of_batch"):
+    expected, sampled = scm.Lengths.of_spec(spec, bos=True), scm.Lengths.of_requests(build_requests(spec), bos=True)
+    for field in ("prompt", "output", "longest_of_batch", "request_level_context", "continuous_context"):
         assert getattr(sampled, field) == pytest.approx(getattr(expected, field), rel=0.05), field
-    assert expected.step_count_bound == pytest.approx(spec.static_speedup_bound(8))
     fixed = scm.Lengths.of_spec(WorkloadSpec(output_min=100, output_cap=100), bos=False)
-    assert (fixed.output, fixed.output_square, fixed.longest_of_batch) == pytest.approx((100, 100 * 100, 100))
-    assert fixed.continuous_context == fixed.request_level_context == 72 + 50  # mean prompt + half the length
+    assert (fixed.output, fixed.longest_of_batch, fixed.step_count_bound) == pytest.approx((100, 100, 1))
+    assert fixed.continuous_context == fixed.request_level_context == pytest.approx(72 + 50)
+
+
+def test_padding_rows_attend_over_their_own_length_until_their_batch_ends():
+    """Seven one-token rows and one of 100 in a batch: the short ones feed no decode token, and as
+    padding they attend over their prompt alone for all 99 of the batch's decode steps."""
+    requests = [WorkloadRequest(i, "p", 10, n) for i, n in enumerate([1] * 7 + [100])]
+    lengths = scm.Lengths.of_requests(requests, bos=False)
+    assert lengths.request_level_context == pytest.approx(10 + (99 * 100 / 2) / (8 * 99))
+    assert lengths.continuous_context == pytest.approx(10 + 50)  # the long one alone decodes: 10 + j, j < 100
+    assert (lengths.output, lengths.longest_of_batch) == pytest.approx((100 / 8 + 7 / 8, 100))
+    # a row that finished at 3 tokens stays at 2 output tokens of context: 1 + 2 + 2 * 96 over 98 steps
+    mixed = scm.Lengths.of_requests([WorkloadRequest(0, "p", 0, 3), WorkloadRequest(1, "p", 0, 99)], bos=True)
+    assert mixed.request_level_context == pytest.approx(1 + ((1 + 2 + 2 * 96) + 98 * 99 / 2) / (2 * 98))
 
 
 def test_a_sample_is_read_in_batches_of_8_in_arrival_order():
@@ -64,23 +75,28 @@ def test_the_decode_cost_needed_for_a_target_reaches_it_exactly():
     assert scm.ratio(LENGTHS, _costs(0.25, 6.0, {40: 40 * needed}), seqs=40) == pytest.approx(5.0)
     # prompts that alone cost more than a fifth of a request-level request leave no budget at all
     assert scm.decode_token_ms_needed(LENGTHS, _costs(5.0, 6.0, {8: 6.0}), target=5.0) < 0
+    one_token = scm.Lengths.of_spec(WorkloadSpec(output_min=1, output_cap=1), bos=True)
+    assert scm.decode_token_ms_needed(one_token, costs, target=5.0) == float("inf")
 
 
 def test_predict_ratios_times_each_size_and_predicts_the_targets():
     """scripts/predict_ratios.py: a row per size with positive costs, and the two target lines."""
-    proc = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "2,8", "--rounds", "1",
-                           "--iters", "3"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "2,8", "--same-kv-seqs", "4",
+                           "--rounds", "1", "--iters", "3"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line for line in proc.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
-    assert [int(row.split("|")[1]) for row in rows] == [2, 8]
+    assert [int(row.split("|")[1]) for row in rows] == [2, 4, 8]  # --same-kv-seqs joins --seqs
     for row in rows:
         cells = [float(cell) for cell in row.split("|")[2:-1] if not cell.strip().endswith("%")]
         assert all(value > 0 for value in cells), row
     assert re.search(r"continuous at 8 / static, predicted in process: \d+\.\d\d \(target 2\.3\)", proc.stdout)
     assert "the default spec's expectations" in proc.stdout
-    assert re.search(r"same KV memory: the best of these, [28] sequences, predicts \d+\.\d\d", proc.stdout)
-    sample = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "8", "--rounds", "1", "--iters",
-                             "3", "--num-requests", "16"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert re.search(r"same KV memory, 4 sequences a step: predicted in process \d+\.\d\d", proc.stdout)
+    assert re.search(r"the cheapest of these sizes, (2|4|8) sequences, costs \d+\.\d+ ms", proc.stdout)
+    sample = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "8", "--same-kv-seqs", "8",
+                             "--rounds", "1", "--iters", "3", "--num-requests", "16"], cwd=PROJECT_ROOT,
+                            capture_output=True, text=True, timeout=300)
     assert sample.returncode == 0 and "the first 16 requests" in sample.stdout, sample.stderr[-2000:]
     bad = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "0"], cwd=PROJECT_ROOT,
                          capture_output=True, text=True, timeout=60)
