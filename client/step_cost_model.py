@@ -8,11 +8,13 @@ wide they are. Per request (means over the workload, `Lengths`; the drain at a r
 - request-level batching (batches of 8, finished rows kept as padding) runs E[longest of 8] - 1 decode
   steps of 8 rows per batch, so a request's share is (E[longest of 8] - 1) * D(8) / 8;
 - continuous batching at n sequences a step: (E[output] - 1) * D(n) / n.
-With free prompts and D(n) / n flat, continuous/request-level is (E[longest of 8] - 1) / (E[output] - 1),
-about the step-count bound E[longest of 8] / E[output] that the benchmark prints. Left out, and each in
-continuous batching's favour: a prompt that rides in a continuous step with decode rows spares those
-rows most of a step, and a cost per step outside the forward pass (the same in both) weighs more on
-request-level batching's 2.6 times as many steps.
+With free prompts, D(n) / n flat and request-level steps that cost D(8) too (their context differs),
+continuous/request-level is (E[longest of 8] - 1) / (E[output] - 1), about the step-count bound
+E[longest of 8] / E[output] that the benchmark prints. Left out, and each in continuous batching's
+favour: a prompt that rides in a continuous step with decode rows spares those rows most of a step, and
+a cost per step outside the forward pass (the same in both) weighs more on request-level batching's
+(E[longest of 8] - 1) / (E[output] - 1) times as many steps per token (2.63 for the default spec). Also
+left out: a prefill of more prompt tokens than the engine's step budget takes an extra step.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ class Lengths:
 
     A decode step's context is the KV length a row attends over, averaged over the decode steps a
     strategy runs: the j-th decode step of a request with prompt P and O output tokens attends over
-    P + j tokens (j = 1 .. O - 1); a finished row kept as padding re-feeds its last position, P + O - 1,
-    until its batch ends."""
+    P + j tokens (j = 1 .. O - 1); a finished row kept as padding re-feeds its last cached token
+    (position P + O - 2) and attends over P + O - 1 tokens, until its batch ends."""
 
     prompt: float            # mean prompt length, BOS included where the tokenizer adds it
     output: float            # mean output length

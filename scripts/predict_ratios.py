@@ -115,9 +115,13 @@ def main() -> int:
                     help="use the means of the workload's first N requests instead of its expectations")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = ap.parse_args()
-    seqs = sorted({int(s) for s in args.seqs.split(",")} | {args.same_kv_seqs})
-    if seqs[0] < 1 or args.rounds < 1 or args.iters < 1 or args.num_requests < 0:
-        ap.error("--seqs, --same-kv-seqs, --rounds and --iters must be positive, --num-requests not negative")
+    try:
+        seqs = sorted({int(s) for s in args.seqs.split(",")} | {args.same_kv_seqs})
+    except ValueError:
+        ap.error(f"--seqs must be comma-separated integers, got {args.seqs!r}")
+    if seqs[0] < 1 or min(args.rounds, args.iters, args.threads) < 1 or args.num_requests < 0:
+        ap.error("--seqs, --same-kv-seqs, --rounds, --iters and --threads must be positive, "
+                 "--num-requests not negative")
     torch.set_num_threads(args.threads)
     bos = Tokenizer.from_dir(args.model).add_bos
     if args.num_requests:

@@ -404,10 +404,10 @@ def test_engine_ratios_keeps_the_continuous_engines_full_between_request_level_b
     assert list(rows) == ["request-level (8 per batch)", "continuous (8 in flight)", "same KV (12 at most)"]
     assert float(rows["request-level (8 per batch)"][0]) > 0
     for name, seqs in (("continuous (8 in flight)", "8.00"), ("same KV (12 at most)", "12.00")):
-        tok_s, seconds, per_step, ratio, per_batch = rows[name]
+        tok_s, seconds, per_step, ratio = rows[name]
         assert float(tok_s) > 0 and float(seconds) > 0, rows[name]
         assert per_step == seqs, rows[name]  # topped up before every step, so never a slot empty
-        assert float(ratio) > 1 and float(per_batch) > 1, rows[name]
+        assert float(ratio) > 1, rows[name]
     bad = subprocess.run([sys.executable, "scripts/engine_ratios.py", "--num-requests", "4"], cwd=PROJECT_ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--num-requests" in bad.stderr

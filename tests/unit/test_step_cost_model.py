@@ -19,7 +19,8 @@ def test_the_spec_expectations_match_its_seeded_requests():
         assert getattr(sampled, field) == pytest.approx(getattr(expected, field), rel=0.05), field
     fixed = scm.Lengths.of_spec(WorkloadSpec(output_min=100, output_cap=100), bos=False)
     assert (fixed.output, fixed.longest_of_batch, fixed.step_count_bound) == pytest.approx((100, 100, 1))
-    assert fixed.continuous_context == fixed.request_level_context == pytest.approx(72 + 50)
+    assert fixed.continuous_context == pytest.approx(72 + 50)
+    assert fixed.request_level_context == pytest.approx(72 + 50)
 
 
 def test_padding_rows_attend_over_their_own_length_until_their_batch_ends():
@@ -101,3 +102,6 @@ def test_predict_ratios_times_each_size_and_predicts_the_targets():
     bad = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "0"], cwd=PROJECT_ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--seqs" in bad.stderr
+    words = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "8,x"], cwd=PROJECT_ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert words.returncode == 2 and "comma-separated integers" in words.stderr
