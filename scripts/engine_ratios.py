@@ -36,7 +36,6 @@ from batchlm.sampling import SamplingParams  # noqa: E402
 from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noqa: E402
 
 BATCH = 8
-SHARES = {"continuous (8 in flight)": 0.4, "same KV": 0.25}  # of each request-level batch's time
 RAMP_S = 3.0
 
 
@@ -45,10 +44,11 @@ def params(request: WorkloadRequest) -> SamplingParams:
 
 
 class Saturated:
-    """A continuous engine whose waiting queue never runs dry: it is topped up to `depth` requests."""
+    """A continuous engine whose waiting queue never runs dry: it is topped up to `depth` requests. It
+    steps for `share` of each request-level batch's time."""
 
-    def __init__(self, engine: LLMEngine, requests: list[WorkloadRequest], depth: int) -> None:
-        self.engine, self.depth = engine, depth
+    def __init__(self, engine: LLMEngine, requests: list[WorkloadRequest], depth: int, share: float) -> None:
+        self.engine, self.depth, self.share = engine, depth, share
         self._feed = itertools.cycle(requests)
         self._ids = itertools.count()
         self.tokens, self.seconds, self.steps, self.seqs = 0, 0.0, 0, 0
@@ -84,11 +84,12 @@ def main() -> int:
     config = EngineConfig(dtype=args.dtype)
     model, tokenizer = load_parts(ROOT / "models" / "default", config)
     request_level = BatchGenerator(model, tokenizer, config).engine
+    wide = dataclasses.replace(config, max_num_seqs=args.same_kv_seqs)
     continuous = {
-        "continuous (8 in flight)": Saturated(LLMEngine.from_parts(model, tokenizer, config), requests, BATCH),
-        "same KV": Saturated(LLMEngine.from_parts(
-            model, tokenizer, dataclasses.replace(config, max_num_seqs=args.same_kv_seqs)), requests,
-            args.same_kv_seqs),
+        f"continuous ({BATCH} in flight)": Saturated(LLMEngine.from_parts(model, tokenizer, config), requests,
+                                                     BATCH, share=0.4),
+        f"same KV ({args.same_kv_seqs} at most)": Saturated(LLMEngine.from_parts(model, tokenizer, wide), requests,
+                                                            args.same_kv_seqs, share=0.25),
     }
     for engine in [request_level] + [c.engine for c in continuous.values()]:
         engine.generate(["warm up"], SamplingParams(max_tokens=8, ignore_eos=True))
@@ -104,16 +105,15 @@ def main() -> int:
         taken = time.perf_counter() - start
         tokens += request_level.stats().total_generated_tokens - generated
         seconds += taken
-        for name, saturated in continuous.items():
-            saturated.run_for(taken * SHARES[name])
+        for saturated in continuous.values():
+            saturated.run_for(taken * saturated.share)
     base = tokens / seconds
-    same_kv = f"same KV ({args.same_kv_seqs} at most)"
     print("| strategy | output tok/s | seconds timed | sequences a step | / request-level |")
     print("|---|---|---|---|---|")
     print(f"| request-level ({BATCH} per batch) | {base:.1f} | {seconds:.1f} | - | - |")
     for name, saturated in continuous.items():
         rate = saturated.tokens / saturated.seconds
-        print(f"| {same_kv if name == 'same KV' else name} | {rate:.1f} | {saturated.seconds:.1f} | "
+        print(f"| {name} | {rate:.1f} | {saturated.seconds:.1f} | "
               f"{saturated.seqs / max(saturated.steps, 1):.2f} | {rate / base:.2f} |")
     return 0
 
