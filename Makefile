@@ -3,28 +3,34 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PY := .venv/bin/python
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: setup serve test unit bench-engine compare clean
+.PHONY: setup serve test test-slow unit bench-engine compare clean
 
 setup:
 	@scripts/setup.sh
 
 serve: setup
-	$(PY) scripts/serve.py --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+	.venv/bin/batchlm-serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
+# The contract suite: unit tests and functional tests against a real tritonserver.
 test: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider --durations=25
+	$(PYTEST) tests -m "not slow" --durations=15
+
+# Characterization runs that assert no contract (longer served benchmarks, repeated stops).
+test-slow: setup
+	$(PYTEST) tests -m slow --durations=15
 
 unit: setup
-	$(PY) -m pytest tests/unit -q -p no:cacheprovider
+	$(PYTEST) tests/unit -m "not slow"
 
 bench-engine: setup
-	$(PY) scripts/bench_engine.py
+	.venv/bin/batchlm-bench engine
 
-# The measured comparison of the three strategies (25 to 40 min on 2 cores); results/compare/, and the
+# The measured comparison of the three strategies (25 to 40 min on 2 cores): results/compare/, and the
 # table and plots copied to docs/results/. COMPARE_ARGS="--lock-file /tmp/x.lock" to share the CPU.
 compare: setup
-	$(PY) scripts/compare.py --out results/compare --publish docs/results $(COMPARE_ARGS)
+	.venv/bin/batchlm-bench compare --out results/compare --publish docs/results $(COMPARE_ARGS)
 
 clean:
 	rm -rf .venv .triton .cache models results

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 from tritonclient.utils import InferenceServerException
 
+from batchlm.bench.workload import WorkloadRequest
 from client.arrivals import CLOSED, ArrivalSpec
 from client.metrics_timeline import MetricsTimeline, requests_per_execution, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
 from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
-from client.workload import WorkloadRequest
 
 # NOTE: gRPC Python wakes every thread blocked on a call or stream every 0.1 s
 # (grpc._common.MAXIMUM_WAIT_TIMEOUT, so that Ctrl-C is seen), whether or not anything arrived. With 64

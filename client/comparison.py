@@ -13,7 +13,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from batchlm.triton_server import DEFAULT_REPOSITORY, PROJECT_ROOT
+from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
 from client.config_override import ConfigOverride, overridden_repository
 
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")

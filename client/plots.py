@@ -10,8 +10,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 COLORS = {"static_batching": "tab:red", "dynamic_batching": "tab:orange",
           "continuous_batching": "tab:green"}

@@ -29,18 +29,11 @@ import sys
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from locust import events
 
-# NOTE: Locust imports locustfiles by path; the repository root makes `client` and `batchlm` importable
-# whatever the working directory.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-if str(PROJECT_ROOT) not in sys.path:
-    sys.path.insert(0, str(PROJECT_ROOT))
-
-from client.triton_llm import RequestFailed, request_fields  # noqa: E402
-from client.workload import WorkloadRequest, WorkloadSpec, build_requests  # noqa: E402
+from batchlm.bench.workload import WorkloadRequest, WorkloadSpec, build_requests
+from client.triton_llm import RequestFailed, request_fields
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching", "continuous_batching_trtllm")
 STREAMING_MODELS = ("continuous_batching", "continuous_batching_trtllm")  # the models that send text as it is made

@@ -13,19 +13,18 @@ from __future__ import annotations
 import queue
 import time
 
-from locust import User, constant, task
-
 # NOTE: locust has monkey-patched the standard library (threads, queues, sockets) by now; gRPC must
 # be told to cooperate with gevent before any channel exists, or its calls block the whole process.
-import grpc.experimental.gevent as grpc_gevent  # noqa: E402  isort: skip
+import grpc.experimental.gevent as grpc_gevent
+from locust import User, constant, task
 
 grpc_gevent.init_gevent()
 
-import tritonclient.grpc as grpcclient  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
+import common  # noqa: E402 - after gevent is initialised
+import tritonclient.grpc as grpcclient  # noqa: E402 - after gevent is initialised
+from tritonclient.utils import InferenceServerException  # noqa: E402 - after gevent is initialised
 
-import common  # noqa: E402
-from client.triton_llm import chunk_from_grpc, grpc_inputs, grpc_model_config  # noqa: E402
+from client.triton_llm import chunk_from_grpc, grpc_inputs, grpc_model_config  # noqa: E402 - after gevent is initialised
 
 
 class TritonGrpcStreamUser(User):

@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import time
 
+import common
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 
-import common
-from client.triton_llm import (  # noqa: E402 - common puts the repository on sys.path
+from client.triton_llm import (
     LLMClient,
     RequestFailed,
     chunk_from_infer_json,

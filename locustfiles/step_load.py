@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import os
 
-from locust import LoadTestShape, events
-
 import common  # noqa: F401  (registers the shared options)
+from locust import LoadTestShape, events
 
 
 @events.init_command_line_parser.add_listener

@@ -12,8 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from batchlm.checkpoint import default_checkpoint_is_current, write_default_checkpoint  # noqa: E402
+from batchlm.model.checkpoint import default_checkpoint_is_current, write_default_checkpoint
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ cleanup waits behind those log round trips in the stub's one queue. Session 19, 
 caller's stub died after 64 and 29 of 1,600 requests, and in 4 of 6 shorter runs (320 and 480 requests).
 --remedy makes each caller thread ask `is_cancelled()` (a round trip through the same queue) before it
 lets go, so the stub has let go already: 1,600 of 1,600 answered with --noise. The front does the same
-with a `BlsReaper` (batchlm/serving/bls_reaper.py); `scripts/stress_trtllm_front.py` measures it there.
+with a `BlsReaper` (batchlm/serving/trtllm/bls_reaper.py); `scripts/stress_trtllm_front.py` measures it there.
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from batchlm.triton_server import TritonServer, free_port  # noqa: E402
+from batchlm.server.triton_server import TritonServer, free_port
 
 CALLEE_CONFIG = """name: "callee"
 backend: "python"

@@ -28,11 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import requests
 
-import requests  # noqa: E402
-
-from batchlm.triton_server import TritonServer, free_port  # noqa: E402
+from batchlm.server.triton_server import TritonServer, free_port
 
 ONCE = {"Connection": "close"}  # NOTE: a connection left open would hold the SIGTERM on its own
 

@@ -35,8 +35,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from batchlm.triton_server import TritonServer, free_port  # noqa: E402
+from batchlm.server.triton_server import TritonServer, free_port
 
 CODES = ("INVALID_ARG", "UNAVAILABLE", "INTERNAL", "NOT_FOUND", "UNSUPPORTED")
 CONFIG = """name: "{name}"

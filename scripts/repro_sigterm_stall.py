@@ -32,12 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import requests  # noqa: E402
-
-from batchlm.triton_server import TritonServer, free_port, process_tree  # noqa: E402
-from client.triton_llm import LLMClient, RequestFailed  # noqa: E402
+from batchlm.server.triton_server import TritonServer, free_port, process_tree
+from client.triton_llm import LLMClient, RequestFailed
 
 MODEL = "static_batching"
 PARKED = 3

@@ -15,7 +15,7 @@ batching, side by side, on one tritonserver (NGC's `tritonserver:24.10-trtllm-py
 3. Serves it as scripts/serve.py does (explicit model control, every model loaded; a signal drains the
    server, then stops it). Ports as for scripts/serve.py.
 Clients send the same requests to `continuous_batching_trtllm` as to `continuous_batching`; the serving
-benchmark measures either (`scripts/benchmark.py continuous_batching_trtllm --concurrency 32`).
+benchmark measures either (`client/run.py continuous_batching_trtllm --concurrency 32`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from batchlm.triton_server import (  # noqa: E402
-    DEFAULT_REPOSITORY, PROJECT_ROOT, TritonServer, serve_until_signalled, with_model_control,
-)
+from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
+from batchlm.server.triton_server import TritonServer, serve_until_signalled, with_model_control
 
 TRTLLM_REPOSITORY = PROJECT_ROOT / "docker" / "trtllm" / "model_repository"
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")

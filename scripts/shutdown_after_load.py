@@ -19,10 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from batchlm.triton_server import TritonServer, exit_cleanly_on_sigterm, free_port  # noqa: E402
+from batchlm.paths import PROJECT_ROOT as ROOT
+from batchlm.server.triton_server import TritonServer, exit_cleanly_on_sigterm, free_port
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 

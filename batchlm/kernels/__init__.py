@@ -17,7 +17,6 @@ import hashlib
 import logging
 import platform
 import subprocess
-import sys
 from pathlib import Path
 
 import torch

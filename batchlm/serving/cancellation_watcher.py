@@ -14,7 +14,7 @@ Contract:
 - Every watched request is asked at most once per `period` seconds; ids found cancelled are handed to
   `on_cancelled` (from the watcher's thread), each once.
 - `close()` stops the thread and returns when it has stopped (or after `timeout`).
-- With a `reaper` (`batchlm.serving.bls_reaper.BlsReaper`), a sweep in which at least one ask was
+- With a `reaper` (`batchlm.serving.trtllm.bls_reaper.BlsReaper`), a sweep in which at least one ask was
   answered "not cancelled" (always a round trip; a "cancelled" answer may be the stub's cached one)
   releases what was retired before the sweep began.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from batchlm.serving.bls_reaper import BlsReaper
+from batchlm.serving.trtllm.bls_reaper import BlsReaper
 
 
 class CancellationWatcher:

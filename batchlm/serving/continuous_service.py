@@ -1,7 +1,7 @@
 """Continuous batching behind a decoupled Triton model: one engine thread steps per decode iteration.
 
 `submit()` runs on Triton's execute thread and only enqueues; the engine thread owns the LLMEngine (it
-builds it, see `batchlm.owner_thread`): each turn it admits new requests, aborts the ones a
+builds it, see `batchlm.engine.owner_thread`): each turn it admits new requests, aborts the ones a
 `CancellationWatcher` found cancelled, runs one `step()` and sends what it produced.
 `close()` stops the thread and fails every pending request with UNAVAILABLE, so unload and shutdown
 are prompt and no request is dropped silently.
@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from batchlm.engine import LLMEngine
+from batchlm.engine.engine import LLMEngine
+from batchlm.engine.owner_thread import OwnerThread
+from batchlm.engine.request_output import RequestOutput
 from batchlm.errors import InvalidArgument, Unavailable
-from batchlm.owner_thread import OwnerThread
-from batchlm.request_output import RequestOutput
 from batchlm.serving import triton_io
 from batchlm.serving.cancellation_watcher import CancellationWatcher
 from batchlm.serving.metrics import ModelMetrics

@@ -10,9 +10,9 @@ clients all went away does not hold up the next one.
 
 from __future__ import annotations
 
-from batchlm.batch_generator import BatchGenerator
+from batchlm.engine.batch_generator import BatchGenerator
+from batchlm.engine.sequence import FinishReason
 from batchlm.errors import InvalidArgument
-from batchlm.sequence import FinishReason
 from batchlm.serving import triton_io
 from batchlm.serving.cancel_poll import CancelPoll
 from batchlm.serving.metrics import ModelMetrics

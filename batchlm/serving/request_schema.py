@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchlm.engine.sampling import SamplingParams
 from batchlm.errors import InvalidArgument
-from batchlm.sampling import SamplingParams
 
 # name -> (Triton data type, required)
 INPUTS: dict[str, tuple[str, bool]] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchlm.engine_config import EngineConfig
+from batchlm.engine.engine_config import EngineConfig
 from batchlm.errors import InvalidArgument
 
 SERVING_KEYS = ("model_dir", "batch_size", "max_waiting", "cancellation_check_period_ms", "stream_interval")

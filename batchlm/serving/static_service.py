@@ -4,7 +4,7 @@
 `batch_size` are parked, they go to the worker thread as one batch, which runs to completion and answers
 every request when the slowest is done. Every request gets exactly one response, then the final flag
 (Triton's rule for a model that is not decoupled; a cancelled one gets CANCELLED).
-The worker thread also builds the generator (see `batchlm.owner_thread`).
+The worker thread also builds the generator (see `batchlm.engine.owner_thread`).
 There is no timer: an incomplete batch waits, which is what static batching is.
 
 Unload and shutdown: Triton unloads a model only once every response sender it handed out is done,
@@ -28,10 +28,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from batchlm.batch_generator import BatchGenerator
+from batchlm.engine.batch_generator import BatchGenerator
+from batchlm.engine.owner_thread import OwnerThread
+from batchlm.engine.sequence import FinishReason
 from batchlm.errors import InvalidArgument, Unavailable
-from batchlm.owner_thread import OwnerThread
-from batchlm.sequence import FinishReason
 from batchlm.serving import triton_io
 from batchlm.serving.cancel_poll import CancelPoll
 from batchlm.serving.metrics import ModelMetrics

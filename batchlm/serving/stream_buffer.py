@@ -8,7 +8,7 @@ finishes. Pure bookkeeping: no Triton, no threads (one owner per request).
 
 from __future__ import annotations
 
-from batchlm.request_output import RequestOutput
+from batchlm.engine.request_output import RequestOutput
 
 
 class StreamBuffer:

@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from batchlm.engine.request_output import RequestOutput
 from batchlm.errors import InvalidArgument, Unavailable
-from batchlm.request_output import RequestOutput
+from batchlm.paths import PROJECT_ROOT
 from batchlm.serving.request_schema import INPUTS, GenerateRequest, check_parameters, parse_inputs
 from batchlm.serving.serving_config import ServingConfig
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def model_config(args: dict) -> dict:

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from batchlm.server.triton_server import TritonServer, free_port
 from batchlm.serving.instance_claim import process_alive
-from batchlm.triton_server import TritonServer, free_port
 from client.triton_llm import LLMClient
 
 

@@ -5,22 +5,22 @@ import os
 import re
 import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import requests as http
 
-from batchlm.triton_server import PROJECT_ROOT, free_port, process_tree
-
+from batchlm.bench.workload import WorkloadSpec, build_requests
+from batchlm.paths import PROJECT_ROOT
+from batchlm.server.triton_server import free_port, process_tree
 from client import plots
 from client.arrivals import ArrivalSpec
 from client.benchmark import BenchmarkConfig, UnmeasurableModel
 from client.cli import main as cli_main
 from client.report import measure, write_run
-from client.workload import WorkloadSpec, build_requests
 from tests.functional.conftest import is_alive
 
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")
@@ -186,7 +186,7 @@ def test_cli_and_benchmark_say_so_when_only_grpc_is_unreachable(server, capsys, 
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: cannot reach the server") and "refused" in err, err
     assert len(err.strip().splitlines()) == 1
-    proc = subprocess.run([sys.executable, "scripts/benchmark.py", model, "--concurrency", "2", "--num-requests", "2",
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "run", model, "--concurrency", "2", "--num-requests", "2",
                            "--http", server.http_url, "--grpc", nowhere, "--metrics", server.metrics_url,
                            "--protocol", "grpc", "--out", str(tmp_path)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
@@ -226,7 +226,7 @@ def test_cli_prints_a_refused_streams_message_and_a_timeout_in_one_line(server, 
     (["--num-requests", "12"], "the last 4 of 12 requests would wait for ever"),
 ])
 def test_benchmark_refuses_a_run_that_cannot_work_in_one_line(server, tmp_path, extra, said):
-    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "static_batching", "--http", server.http_url,
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "run", "static_batching", "--http", server.http_url,
                            "--grpc", server.grpc_url, "--metrics", server.metrics_url, "--out", str(tmp_path),
                            *extra], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr
@@ -235,7 +235,7 @@ def test_benchmark_refuses_a_run_that_cannot_work_in_one_line(server, tmp_path, 
 
 def test_benchmark_warns_when_the_metrics_address_gives_nothing(server, tmp_path):
     nowhere = f"http://127.0.0.1:{free_port()}/metrics"
-    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "dynamic_batching", "--concurrency", "2",
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "run", "dynamic_batching", "--concurrency", "2",
                            "--num-requests", "2", "--http", server.http_url, "--grpc", server.grpc_url,
                            "--metrics", nowhere, "--out", str(tmp_path)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
@@ -245,7 +245,7 @@ def test_benchmark_warns_when_the_metrics_address_gives_nothing(server, tmp_path
 
 def test_benchmark_without_a_server_says_so_in_one_line(tmp_path):
     url = f"127.0.0.1:{free_port()}"
-    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "dynamic_batching", "--concurrency", "2",
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "run", "dynamic_batching", "--concurrency", "2",
                            "--num-requests", "2", "--http", url, "--grpc", url, "--metrics", f"http://{url}/metrics",
                            "--out", str(tmp_path)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: cannot reach the server"), proc.stderr
@@ -266,7 +266,7 @@ def _process_tree(root: int) -> dict[int, str]:
 def test_sigterm_to_a_benchmark_that_started_its_server_leaves_no_process(tmp_path):
     """The server dies with the script (PDEATHSIG) but its stubs would not: SIGTERM must run stop()."""
     proc = subprocess.Popen(
-        [sys.executable, "scripts/benchmark.py", "continuous_batching", "--start-server", "--concurrency", "2",
+        [sys.executable, "-m", "batchlm.bench", "run", "continuous_batching", "--start-server", "--concurrency", "2",
          "--num-requests", "64", "--out", str(tmp_path)],
         cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     tree: dict[int, str] = {}
@@ -295,9 +295,9 @@ def test_sigterm_to_a_benchmark_that_started_its_server_leaves_no_process(tmp_pa
 
 
 def test_stream_interval_sweep_writes_its_table(tmp_path):
-    """scripts/stream_interval.py: one server per run, a row per interval and the unstreamed reference,
+    """`batchlm-bench stream-interval`: one server per run, a row per interval and the unstreamed reference,
     and a response per 3 tokens at interval 3 (the first text at once, and the final one)."""
-    proc = subprocess.run([sys.executable, "scripts/stream_interval.py", "--intervals", "3", "--rounds", "1",
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "stream-interval", "--intervals", "3", "--rounds", "1",
                            "--num-requests", "8", "--concurrency", "4", "--out", str(tmp_path)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -317,9 +317,9 @@ def test_stream_interval_sweep_writes_its_table(tmp_path):
 
 
 def test_client_cost_measures_every_way_of_asking(tmp_path):
-    """scripts/client_cost.py: a row per transport, CPU per token read from the real processes; only
+    """`batchlm-bench client-cost`: a row per transport, CPU per token read from the real processes; only
     the streamed ways have inter-token gaps."""
-    proc = subprocess.run([sys.executable, "scripts/client_cost.py", "--num-requests", "3", "--rounds", "1",
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "client-cost", "--num-requests", "3", "--rounds", "1",
                            "--out", str(tmp_path)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {}
@@ -335,10 +335,10 @@ def test_client_cost_measures_every_way_of_asking(tmp_path):
 
 
 def test_queue_delay_sweep_serves_each_value_and_the_delay_forms_the_batch(tmp_path):
-    """scripts/sweep.py over dynamic_batching's max_queue_delay_microseconds, with the workload flags:
+    """`batchlm-bench sweep` over dynamic_batching's max_queue_delay_microseconds, with the workload flags:
     four requests sent together are one batch of 4 that waited out a 3 s timer, and not with no timer."""
     scratch = set(Path(tempfile.gettempdir()).glob("batchlm-overrides-*"))
-    proc = subprocess.run([sys.executable, "scripts/sweep.py", "dynamic_batching", "--vary",
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "sweep", "dynamic_batching", "--vary",
                            "dynamic_batching.max_queue_delay_microseconds=0,3000000", "--out", str(tmp_path), "--",
                            "--concurrency", "4", "--num-requests", "4", "--output-min", "4", "--output-cap", "4"],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
@@ -367,7 +367,7 @@ def test_two_instances_run_two_batches_at_once_and_their_metrics_add_up(tmp_path
     # requests (sent within 25 ms) and ran the other 3 after the queue delay, one instance at a time
     fixed = {"max_batch_size": "4", "dynamic_batching.preferred_batch_size": "4",
              "dynamic_batching.max_queue_delay_microseconds": "2000000"}
-    proc = subprocess.run([sys.executable, "scripts/sweep.py", "dynamic_batching", "--out", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "sweep", "dynamic_batching", "--out", str(tmp_path),
                            "--vary", "instance_group.0.count=2", "--vary", "parameters.num_threads=1", "--",
                            *[arg for path, value in fixed.items() for arg in ("--set", f"{path}={value}")],
                            "--concurrency", "8", "--num-requests", "8", "--output-min", "96",
@@ -395,7 +395,7 @@ def test_two_instances_run_two_batches_at_once_and_their_metrics_add_up(tmp_path
     (["--prompt-tokens-min", "0"], "--prompt-tokens-min must be >= 1"),
 ])
 def test_benchmark_refuses_bad_overrides_and_workloads_before_anything_starts(tmp_path, extra, said):
-    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "dynamic_batching", "--out", str(tmp_path), *extra],
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "run", "dynamic_batching", "--out", str(tmp_path), *extra],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
@@ -403,7 +403,7 @@ def test_benchmark_refuses_bad_overrides_and_workloads_before_anything_starts(tm
 
 def test_benchmark_says_in_one_line_why_triton_refused_an_override(tmp_path):
     """A value the schema allows but Triton will not load: its reason, from the server's log, in one line."""
-    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "dynamic_batching", "--start-server",
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "run", "dynamic_batching", "--start-server",
                            "--set", "max_batch_size=-1", "--out", str(tmp_path)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
@@ -427,7 +427,7 @@ def test_benchmark_says_in_one_line_why_triton_refused_an_override(tmp_path):
     (["--vary", "instance_group.1.count=2"], "--vary instance_group.1: instance_group has entries 0 to 0"),
 ])
 def test_sweep_refuses_what_would_fail_before_any_run(tmp_path, extra, said):
-    proc = subprocess.run([sys.executable, "scripts/sweep.py", "dynamic_batching", "--out", str(tmp_path / "s"),
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "sweep", "dynamic_batching", "--out", str(tmp_path / "s"),
                            *extra], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "s").exists()

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from batchlm.triton_server import PROJECT_ROOT, TritonServer, free_port
+from batchlm.paths import PROJECT_ROOT
+from batchlm.server.triton_server import TritonServer, free_port
 from tests.functional.conftest import is_alive
 
 LOCUST = str(Path(sys.executable).parent / "locust")
@@ -95,7 +96,7 @@ def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, 
     rows = _event_rows(prefix)
     assert set(rows) == {f"TTFT {protocol} {model}", f"E2E {protocol} {model}"}, rows
     # the README's table from this run's CSV: one row per event, its request count as Locust wrote it
-    table = subprocess.run([sys.executable, "scripts/locust_table.py", f"{prefix}_stats.csv"], cwd=PROJECT_ROOT,
+    table = subprocess.run([sys.executable, "-m", "batchlm.bench", "locust-table", f"{prefix}_stats.csv"], cwd=PROJECT_ROOT,
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
     for kind in ("E2E", "TTFT"):
@@ -112,7 +113,7 @@ def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, 
 def test_locust_table_refuses_a_file_that_is_not_locusts_stats(tmp_path):
     path = tmp_path / "other.csv"
     path.write_text("a,b\n1,2\n")
-    proc = subprocess.run([sys.executable, "scripts/locust_table.py", str(path)], cwd=PROJECT_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "locust-table", str(path)], cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         f"locust_table: {path}: no TTFT or E2E rows; expected a Locust <prefix>_stats.csv of locustfiles/"), proc

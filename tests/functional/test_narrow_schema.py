@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from batchlm.triton_server import TritonServer, free_port
+from batchlm.bench.workload import WorkloadRequest
+from batchlm.server.triton_server import TritonServer, free_port
 from client.arrivals import ArrivalSpec
 from client.benchmark import Benchmark, BenchmarkConfig, UnmeasurableModel
 from client.cli import main as cli_main
 from client.triton_llm import LLMClient, RequestFailed
-from client.workload import WorkloadRequest
 
 MODEL = "text_only"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from batchlm.engine import LLMEngine
-from batchlm.engine_config import EngineConfig
-from batchlm.sampling import SamplingParams
+from batchlm.engine.engine import LLMEngine
+from batchlm.engine.engine_config import EngineConfig
+from batchlm.engine.sampling import SamplingParams
 from client.triton_llm import LLMClient, chunk_from_grpc, grpc_inputs, request_fields
 from tests.functional.conftest import metric_reaches, metric_value
 

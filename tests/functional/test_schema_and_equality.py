@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from batchlm.engine import LLMEngine
-from batchlm.engine_config import EngineConfig
-from batchlm.sampling import SamplingParams
+from batchlm.engine.engine import LLMEngine
+from batchlm.engine.engine_config import EngineConfig
+from batchlm.engine.sampling import SamplingParams
 from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")

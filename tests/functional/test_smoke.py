@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from batchlm.model.tokenizer import Tokenizer
+from batchlm.paths import PROJECT_ROOT
+from batchlm.server.triton_server import free_port, process_tree
 from batchlm.serving.instance_claim import clear_claims, default_folder
-from batchlm.tokenizer import Tokenizer
-from batchlm.triton_server import PROJECT_ROOT, free_port, process_tree
 from client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import held_by_http_connections, is_alive
 

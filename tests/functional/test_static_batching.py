@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from batchlm.server.triton_server import TritonServer, free_port
 from batchlm.serving.instance_claim import InstanceClaim
-from batchlm.triton_server import TritonServer, free_port
 from client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import held_by_http_connections, metric_reaches, metric_value
 

@@ -8,13 +8,13 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from batchlm.bench.workload import WorkloadSpec, build_requests
 from client.arrivals import ArrivalSpec
 from client.comparison import saturated_tok, targets_table, write_variant
 from client.metrics_timeline import MetricsTimeline, parse_metrics, requests_per_execution, saturated_window
 from client.request_record import SLO, RequestRecord, summarize
 from client.sweep import sweep_markdown, sweep_rows
 from client.triton_llm import LLMClient, RequestFailed
-from client.workload import WorkloadSpec, build_requests
 
 
 def test_open_loop_times_are_seeded_with_the_asked_mean_rate():
@@ -285,7 +285,7 @@ def test_sweep_rows_take_medians_over_rounds_and_add_up_answers_and_failures():
     assert rows[0]["ok"] == "11/12" and rows[0]["failures"] == "503: 1"
     assert rows[1]["ok"] == "2/4" and rows[1]["failures"] == "400: 1, 503: 1"
     assert rows[0]["out tok/s saturated"] is None  # an open-loop run has no saturated window
-    table = sweep_markdown("dynamic_batching", "max_batch_size", rows, "closed-loop c=4", "python scripts/sweep.py",
+    table = sweep_markdown("dynamic_batching", "max_batch_size", rows, "closed-loop c=4", "batchlm-bench sweep",
                            {"cpu": "Some CPU", "cpu_count": 2})
     assert "Machine: Some CPU x2" in table
     assert "| 0 | 3.000 | 3.000 | 1.000 | 200.0 | - | 2.000 |" in table
@@ -302,10 +302,10 @@ def test_compare_refuses_counts_static_batching_cannot_answer_before_it_measures
     import subprocess
     import sys
 
-    from batchlm.triton_server import PROJECT_ROOT
+    from batchlm.paths import PROJECT_ROOT
 
     out = tmp_path / "compare"
-    proc = subprocess.run([sys.executable, "scripts/compare.py", *args, "--out", str(out)], cwd=PROJECT_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "compare", *args, "--out", str(out)], cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {said}"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()

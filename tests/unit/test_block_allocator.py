@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from batchlm.block_allocator import BlockAllocator, OutOfBlocks
+from batchlm.engine.block_allocator import BlockAllocator, OutOfBlocks
 
 
 def test_random_alloc_free_keeps_invariants():

@@ -11,12 +11,16 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from batchlm.checkpoint import (SafetensorsCheckpoint, default_checkpoint_is_current, load_model,
-                                write_default_checkpoint)
-from batchlm.forward_batch import ForwardBatch
-from batchlm.kv_cache import KVCache
-from batchlm.model import LlamaForCausalLM
-from batchlm.model_config import ModelConfig
+from batchlm.engine.forward_batch import ForwardBatch
+from batchlm.engine.kv_cache import KVCache
+from batchlm.model.checkpoint import (
+    SafetensorsCheckpoint,
+    default_checkpoint_is_current,
+    load_model,
+    write_default_checkpoint,
+)
+from batchlm.model.model import LlamaForCausalLM
+from batchlm.model.model_config import ModelConfig
 
 FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
          "generation_config.json"]
@@ -97,7 +101,7 @@ def test_loading_a_model_imports_no_compiler_stack(small_dir, dtype):
     """A model is allocated where and as it lives, never on the meta device: there the embedding's random
     init imported torch._dynamo and to_empty imported sympy, 3 to 4 s of every model load and so of every
     Triton model instance's start (a server with static_batching alone started in 9.3 s, then 4.5 s)."""
-    code = (f"import sys, torch; from batchlm.checkpoint import load_model; "
+    code = (f"import sys, torch; from batchlm.model.checkpoint import load_model; "
             f"m = load_model({str(small_dir)!r}, dtype=torch.{dtype}); "
             "print(sorted({str(p.dtype) for p in m.parameters()}), "
             "[n for n in ('torch._dynamo', 'sympy') if n in sys.modules])")

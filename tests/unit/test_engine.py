@@ -2,14 +2,14 @@
 
 import pytest
 
-from batchlm.batch_generator import BatchGenerator
-from batchlm.checkpoint import load_model, write_default_checkpoint
-from batchlm.engine import LLMEngine
-from batchlm.engine_config import EngineConfig
+from batchlm.engine.batch_generator import BatchGenerator
+from batchlm.engine.engine import LLMEngine
+from batchlm.engine.engine_config import EngineConfig
+from batchlm.engine.sampling import SamplingParams
+from batchlm.engine.sequence import FinishReason
 from batchlm.errors import InvalidArgument
-from batchlm.sampling import SamplingParams
-from batchlm.sequence import FinishReason
-from batchlm.tokenizer import Tokenizer
+from batchlm.model.checkpoint import load_model, write_default_checkpoint
+from batchlm.model.tokenizer import Tokenizer
 
 PROMPTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog and then",
            "Hello", "In a village by the river there lived an old miller who"]
@@ -214,8 +214,8 @@ def test_stats_report_the_last_forward(parts):
 
 
 def test_in_process_baseline_reads_saturation_up_to_the_last_admission(parts):
-    from client.engine_baseline import run_to_completion
-    from client.workload import WorkloadRequest
+    from batchlm.bench.engine_baseline import run_to_completion
+    from batchlm.bench.workload import WorkloadRequest
 
     # 2 slots, 4 requests: the last is admitted when the first finishes, then 2 run and drain
     requests = [WorkloadRequest(i, p, 0, n) for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from batchlm.engine_config import EngineConfig
+from batchlm.engine.engine_config import EngineConfig
 from batchlm.errors import InvalidArgument
 
 

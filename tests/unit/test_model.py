@@ -6,13 +6,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from batchlm import attention, kernels
-from batchlm.attention import group_by_length
-from batchlm.checkpoint import SafetensorsCheckpoint, load_model, write_default_checkpoint
+from batchlm import kernels
+from batchlm.engine.forward_batch import ForwardBatch
+from batchlm.engine.kv_cache import KVCache
 from batchlm.errors import InvalidArgument
-from batchlm.forward_batch import ForwardBatch
-from batchlm.kv_cache import KVCache
-from batchlm.rope import rope_inv_freq
+from batchlm.model import attention
+from batchlm.model.attention import group_by_length
+from batchlm.model.checkpoint import SafetensorsCheckpoint, load_model, write_default_checkpoint
+from batchlm.model.rope import rope_inv_freq
 
 # A small model with the default's structure (GQA 2:1, several layers) so the checks run in seconds.
 SMALL = dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -345,89 +346,3 @@ def test_decode_groups_of_different_lengths_match_the_reference(small_torch, ref
     assert len(batch_meta[0].decode_groups) > 1
     for row, seq in enumerate(seqs):
         torch.testing.assert_close(logits[row], reference(seq.ids)[-1], atol=ATOL, rtol=0)
-
-
-def test_bench_forward_times_decode_and_prefill_per_batch_size():
-    """scripts/bench_forward.py: a line per batch size, with the prefill figures when asked."""
-    import subprocess
-    import sys
-
-    from batchlm.triton_server import PROJECT_ROOT
-
-    proc = subprocess.run([sys.executable, "scripts/bench_forward.py", "--batch-sizes", "1,2", "--iters", "3",
-                           "--context", "20", "--prompt-len", "20", "--dtype", "float32", "--profile"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("batch")]
-    assert len(lines) == 2 and all("ms/step" in line and "per prompt token" in line for line in lines), proc.stdout
-    assert "GFLOP/s" in proc.stdout.splitlines()[0], proc.stdout  # the matmul's rate first
-    # NOTE: float32: bfloat16 took 68 s here against 8 s (on a CPU without AVX-512 BF16 oneDNN emulates it)
-    assert f"linears: {auto_linear_backend(torch.float32)}" in proc.stdout.splitlines(), proc.stdout
-    split = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
-    assert [line.split(":")[0] for line in split] == ["decode", "prefill"] * 2, proc.stdout
-    for line in split:  # linears (with their rate), attention and the rest, each a positive time
-        times = [float(part.split(" ms")[0].rsplit(" ", 1)[1]) for part in line.split(", ")]
-        assert all(t > 0 for t in times) and "GFLOP/s" in line, line
-
-
-def test_bench_forward_interfere_times_steps_alone_and_beside_spinners_and_stops_them():
-    """scripts/bench_forward.py --interfere: two mean step times per batch size, and no spinner left after."""
-    import re
-    import subprocess
-    import sys
-
-    from batchlm.triton_server import PROJECT_ROOT
-
-    proc = subprocess.run([sys.executable, "scripts/bench_forward.py", "--batch-sizes", "2", "--iters", "3",
-                           "--context", "20", "--interfere", "0.3"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    line = next(line for line in proc.stdout.splitlines() if "decode mean" in line)
-    alone, beside = (float(t) for t in re.findall(r"([0-9.]+) ms (?:alone|beside)", line))
-    assert alone > 0 and beside > 0, line
-    left = subprocess.run(["pgrep", "-f", "while os.getppid"], capture_output=True, text=True)
-    assert left.stdout == "", f"spinner processes left running: {left.stdout}"
-
-
-def test_engine_ratios_keeps_the_continuous_engines_full_between_request_level_batches():
-    """scripts/engine_ratios.py: every strategy timed, the continuous engines saturated in every step."""
-    import subprocess
-    import sys
-
-    from batchlm.triton_server import PROJECT_ROOT
-
-    proc = subprocess.run([sys.executable, "scripts/engine_ratios.py", "--num-requests", "16", "--same-kv-seqs", "12"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = {row.split("|")[1].strip(): [cell.strip() for cell in row.split("|")[2:-1]]
-            for row in proc.stdout.splitlines() if row.startswith("| ") and "strategy" not in row}
-    assert list(rows) == ["request-level (8 per batch)", "continuous (8 in flight)", "same KV (12 at most)"]
-    assert float(rows["request-level (8 per batch)"][0]) > 0
-    for name, seqs in (("continuous (8 in flight)", "8.00"), ("same KV (12 at most)", "12.00")):
-        tok_s, seconds, per_step, ratio = rows[name]
-        assert float(tok_s) > 0 and float(seconds) > 0, rows[name]
-        assert per_step == seqs, rows[name]  # topped up before every step, so never a slot empty
-        assert float(ratio) > 1, rows[name]
-    bad = subprocess.run([sys.executable, "scripts/engine_ratios.py", "--num-requests", "4"], cwd=PROJECT_ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "--num-requests" in bad.stderr
-
-
-def test_step_costs_reads_each_strategy_saturated_and_the_same_kv_ratio():
-    """scripts/step_costs.py: a row per strategy (same-KV included when asked) and the ratios to request-level."""
-    import subprocess
-    import sys
-
-    from batchlm.triton_server import PROJECT_ROOT
-
-    proc = subprocess.run([sys.executable, "scripts/step_costs.py", "--num-requests", "8", "--same-kv-seqs", "16"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "strategy" not in line]
-    assert [row.split("|")[1].strip() for row in rows] == [
-        "request-level (8 per batch)", "continuous (8 in flight)", "continuous (16 at most, same KV blocks)"]
-    for row in rows:
-        cells = [cell.strip() for cell in row.split("|")[2:-1]]
-        assert float(cells[0]) > 0 and float(cells[1]) > 0, row  # whole run and saturated tok/s
-    ratios = [line for line in proc.stdout.splitlines() if "/ request-level, saturated:" in line]
-    assert len(ratios) == 2 and all(float(line.rsplit(":", 1)[1]) > 0 for line in ratios), proc.stdout

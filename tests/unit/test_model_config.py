@@ -5,7 +5,7 @@ import json
 import pytest
 
 from batchlm.errors import InvalidArgument
-from batchlm.model_config import ModelConfig
+from batchlm.model.model_config import ModelConfig
 
 LLAMA = {  # a TinyLlama-like config.json (no head_dim key)
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,

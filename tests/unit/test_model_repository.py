@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from batchlm.engine_config import EngineConfig
+from batchlm.engine.engine_config import EngineConfig
 from batchlm.serving.request_schema import INPUTS, OUTPUTS
 from batchlm.serving.serving_config import ServingConfig, check_batch_fits
 

@@ -4,11 +4,11 @@ from types import SimpleNamespace
 
 import torch
 
-from batchlm.engine_config import EngineConfig
-from batchlm.model_runner import ModelRunner
-from batchlm.sampling import SamplingParams
-from batchlm.scheduler import ScheduledSequence, SchedulerOutput
-from batchlm.sequence import Sequence
+from batchlm.engine.engine_config import EngineConfig
+from batchlm.engine.model_runner import ModelRunner
+from batchlm.engine.sampling import SamplingParams
+from batchlm.engine.scheduler import ScheduledSequence, SchedulerOutput
+from batchlm.engine.sequence import Sequence
 
 VOCAB = 100
 

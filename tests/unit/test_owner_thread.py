@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from batchlm.owner_thread import OwnerThread
+from batchlm.engine.owner_thread import OwnerThread
 
 
 def test_build_and_loop_run_on_the_same_thread_and_the_value_is_returned():
@@ -40,10 +40,10 @@ def test_a_build_error_is_raised_to_the_caller_and_the_loop_never_runs():
 
 
 def test_engine_warns_once_when_stepped_from_another_thread(tmp_path):
-    from batchlm.checkpoint import write_default_checkpoint
-    from batchlm.engine import LLMEngine
-    from batchlm.engine_config import EngineConfig
-    from batchlm.sampling import SamplingParams
+    from batchlm.engine.engine import LLMEngine
+    from batchlm.engine.engine_config import EngineConfig
+    from batchlm.engine.sampling import SamplingParams
+    from batchlm.model.checkpoint import write_default_checkpoint
 
     engine = LLMEngine(write_default_checkpoint(tmp_path, seed=0),
                        EngineConfig(num_kv_blocks=16, max_model_len=128, num_threads=1))

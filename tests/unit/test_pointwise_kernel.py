@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from batchlm import kernels
-from batchlm.rope import Rope, apply_rope
+from batchlm.model.rope import Rope, apply_rope
 from tests.unit.torch_threads import intra_op_threads
 
 EPS = 1e-5
@@ -64,7 +64,7 @@ def test_silu_mul_matches_silu_of_the_first_half_times_the_second(dtype):
 
 def rope_tables(positions, hd, dtype):
     freqs = torch.outer(positions.double(), 1.0 / 10000 ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-    cos = torch.cat([freqs.cos(), freqs.cos()], -1).to(dtype).unsqueeze(1)  # (T, 1, hd), as batchlm.rope
+    cos = torch.cat([freqs.cos(), freqs.cos()], -1).to(dtype).unsqueeze(1)  # (T, 1, hd), as batchlm.model.rope
     sin = torch.cat([-freqs.sin(), freqs.sin()], -1).to(dtype).unsqueeze(1)
     return cos, sin
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from batchlm.engine.sampling import Sampler, SamplingParams, make_generator
 from batchlm.errors import InvalidArgument
-from batchlm.sampling import Sampler, SamplingParams, make_generator
 
 
 @pytest.mark.parametrize("field, value", [

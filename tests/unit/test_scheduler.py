@@ -4,12 +4,12 @@ import itertools
 
 import pytest
 
-from batchlm.block_allocator import BlockAllocator
-from batchlm.engine_config import EngineConfig
+from batchlm.engine.block_allocator import BlockAllocator
+from batchlm.engine.engine_config import EngineConfig
+from batchlm.engine.sampling import SamplingParams
+from batchlm.engine.scheduler import KVPolicy, Scheduler, SchedulerOutput
+from batchlm.engine.sequence import FinishReason, Sequence, SequenceStatus
 from batchlm.errors import InvalidArgument
-from batchlm.sampling import SamplingParams
-from batchlm.scheduler import KVPolicy, Scheduler, SchedulerOutput
-from batchlm.sequence import FinishReason, Sequence, SequenceStatus
 
 _ids = itertools.count()
 

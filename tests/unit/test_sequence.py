@@ -1,7 +1,7 @@
 """Sequence: counters, finish reasons, and stop strings that span tokens (with a fake detokenizer)."""
 
-from batchlm.sampling import SamplingParams
-from batchlm.sequence import FinishReason, Sequence, SequenceStatus
+from batchlm.engine.sampling import SamplingParams
+from batchlm.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 EOS = 0
 PIECES = {1: "he", 2: "ll", 3: "o wo", 4: "rld", 5: "!", 6: "nder", 7: " "}

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from batchlm import triton_server
-from batchlm.triton_server import ADMIN_HEADER, TritonServer, model_control_mode, with_model_control
+from batchlm.server import triton_server
+from batchlm.server.triton_server import ADMIN_HEADER, TritonServer, model_control_mode, with_model_control
 
 
 def test_no_mode_given_adds_explicit_control_with_every_model_loaded_and_the_api_restricted():

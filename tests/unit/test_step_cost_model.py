@@ -1,15 +1,14 @@
-"""client.step_cost_model: the strategies' ratios from step costs, and scripts/predict_ratios.py on the model."""
+"""batchlm.bench.step_cost_model: the strategies' ratios from step costs, and batchlm/bench/predict.py on the model."""
 
 import re
-import statistics
 import subprocess
 import sys
 
 import pytest
 
-from batchlm.triton_server import PROJECT_ROOT
-from client import step_cost_model as scm
-from client.workload import WorkloadRequest, WorkloadSpec, build_requests
+from batchlm.bench import step_cost_model as scm
+from batchlm.bench.workload import WorkloadRequest, WorkloadSpec, build_requests
+from batchlm.paths import PROJECT_ROOT
 
 
 def test_the_spec_expectations_match_its_seeded_requests():
@@ -81,8 +80,8 @@ def test_the_decode_cost_needed_for_a_target_reaches_it_exactly():
 
 
 def test_predict_ratios_times_each_size_and_predicts_the_targets():
-    """scripts/predict_ratios.py: a row per size with positive costs, and the two target lines."""
-    proc = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "2,8", "--same-kv-seqs", "4",
+    """`batchlm-bench predict`: a row per size with positive costs, and the two target lines."""
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "predict", "--seqs", "2,8", "--same-kv-seqs", "4",
                            "--rounds", "1", "--iters", "3"], cwd=PROJECT_ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -95,13 +94,13 @@ def test_predict_ratios_times_each_size_and_predicts_the_targets():
     assert "the default spec's expectations" in proc.stdout
     assert re.search(r"same KV memory, 4 sequences a step: predicted in process \d+\.\d\d", proc.stdout)
     assert re.search(r"the cheapest of these sizes, (2|4|8) sequences, costs \d+\.\d+ ms", proc.stdout)
-    sample = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "8", "--same-kv-seqs", "8",
+    sample = subprocess.run([sys.executable, "-m", "batchlm.bench", "predict", "--seqs", "8", "--same-kv-seqs", "8",
                              "--rounds", "1", "--iters", "3", "--num-requests", "16"], cwd=PROJECT_ROOT,
                             capture_output=True, text=True, timeout=300)
     assert sample.returncode == 0 and "the first 16 requests" in sample.stdout, sample.stderr[-2000:]
-    bad = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "0"], cwd=PROJECT_ROOT,
+    bad = subprocess.run([sys.executable, "-m", "batchlm.bench", "predict", "--seqs", "0"], cwd=PROJECT_ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--seqs" in bad.stderr
-    words = subprocess.run([sys.executable, "scripts/predict_ratios.py", "--seqs", "8,x"], cwd=PROJECT_ROOT,
+    words = subprocess.run([sys.executable, "-m", "batchlm.bench", "predict", "--seqs", "8,x"], cwd=PROJECT_ROOT,
                            capture_output=True, text=True, timeout=60)
     assert words.returncode == 2 and "comma-separated integers" in words.stderr

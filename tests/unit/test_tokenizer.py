@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from batchlm.checkpoint import write_default_checkpoint
-from batchlm.tokenizer import IncrementalDetokenizer, Tokenizer
+from batchlm.model.checkpoint import write_default_checkpoint
+from batchlm.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 TEXTS = ["The quick brown fox, said Alice.", "héllo wörld 日本語 🙂",
          "naïve café — Привет мир! 你好，世界 🚀🚀", "  leading spaces and\nnew lines\t tabs  "]

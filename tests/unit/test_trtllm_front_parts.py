@@ -12,14 +12,14 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from batchlm.engine.request_output import RequestOutput
+from batchlm.engine.sampling import SamplingParams
 from batchlm.errors import InvalidArgument
-from batchlm.request_output import RequestOutput
-from batchlm.sampling import SamplingParams
-from batchlm.serving import trtllm_protocol
 from batchlm.serving.request_schema import INPUTS, OUTPUTS
 from batchlm.serving.serving_config import ServingConfig
 from batchlm.serving.stream_buffer import StreamBuffer
-from batchlm.serving.trtllm_front_config import TrtllmFrontConfig
+from batchlm.serving.trtllm import protocol as trtllm_protocol
+from batchlm.serving.trtllm.front_config import TrtllmFrontConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = ROOT / "docker" / "trtllm" / "model_repository"

@@ -4,7 +4,7 @@
 class TritonPythonModel:
     def initialize(self, args):
         # NOTE: here, not at the top: Triton also imports this file in a config-only stub, where torch costs seconds
-        from batchlm.engine import LLMEngine
+        from batchlm.engine.engine import LLMEngine
         from batchlm.serving import triton_io
         from batchlm.serving.continuous_service import ContinuousBatchingService
         from batchlm.serving.metrics import ModelMetrics

@@ -4,7 +4,7 @@
 class TritonPythonModel:
     def initialize(self, args):
         # NOTE: here, not at the top: Triton also imports this file in a config-only stub, where torch costs seconds
-        from batchlm.batch_generator import BatchGenerator
+        from batchlm.engine.batch_generator import BatchGenerator
         from batchlm.serving import triton_io
         from batchlm.serving.instance_claim import InstanceClaim
         from batchlm.serving.metrics import ModelMetrics

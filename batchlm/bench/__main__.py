@@ -1,0 +1,65 @@
+"""The one bench entry point: `batchlm-bench SUBCOMMAND [options]` (or `python -m batchlm.bench ...`).
+
+Served (each against a real tritonserver; most can start their own with --start-server):
+    run              the serving benchmark of one model: a seeded workload, closed loop or at a rate
+    compare          the measured comparison of the three strategies (`make compare`)
+    sweep            tune one knob: one config field served at several values, the same load each time
+    stream-interval  what streaming every N tokens saves (continuous_batching)
+    client-cost      the client's CPU per token, per transport
+    locust-table     Locust's stats CSV files as one markdown table
+In process (the engine alone, no server):
+    engine           engine throughput per batch size (`make bench-engine`)
+    forward          one forward pass per batch size: where a step's time goes (--profile, --interfere)
+    attention        the attention kernel against torch's SDPA, and that they agree
+    threads          the engine's throughput per thread count and placement
+    ratios           the strategies' throughput ratios, the engine alone, interleaved batch by batch
+    predict          the same ratios predicted from timed forward passes (the step-count bound)
+    invariance       a sequence's tokens do not depend on what shares its batch
+    kernel-outputs   save what the kernels compute on fixed inputs, or compare two such files to the bit
+    stop-cost        what stop strings cost per generated token
+
+`batchlm-bench SUBCOMMAND --help` prints each one's options.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "run": "client.run",
+    "compare": "client.compare",
+    "sweep": "client.sweep",
+    "stream-interval": "client.stream_interval",
+    "client-cost": "client.client_cost",
+    "locust-table": "client.locust_table",
+    "engine": "batchlm.bench.engine",
+    "forward": "batchlm.bench.forward",
+    "attention": "batchlm.bench.attention",
+    "threads": "batchlm.bench.threads",
+    "ratios": "batchlm.bench.ratios",
+    "predict": "batchlm.bench.predict",
+    "invariance": "batchlm.bench.invariance",
+    "kernel-outputs": "batchlm.bench.kernel_outputs",
+    "stop-cost": "batchlm.bench.stop_cost",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"batchlm-bench: unknown subcommand {name!r}; one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name])
+    # NOTE: each subcommand parses sys.argv with its own argparse; its program name is the full command
+    sys.argv = [f"batchlm-bench {name}", *rest]
+    status = module.main()
+    return status if isinstance(status, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

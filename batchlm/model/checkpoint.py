@@ -1,0 +1,226 @@
+"""Checkpoints on local disk, in Hugging Face Llama layout: write the default one, load any one.
+
+`write_default_checkpoint` makes a small random-weight Llama (and a tokenizer trained on a synthetic
+corpus) deterministically from a seed, with no download. `load_model` reads any Llama-family checkpoint
+(config.json + model.safetensors, single file or sharded), e.g. this one, SmolLM2-135M or TinyLlama-1.1B.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from batchlm.model.model import LlamaForCausalLM
+from batchlm.model.model_config import ModelConfig
+
+# Bump when the bytes write_default_checkpoint produces for a given seed change.
+FORMAT_VERSION = 1
+MANIFEST = "batchlm_checkpoint.json"
+DEFAULT_SIZE = {  # ~31M parameters
+    "hidden_size": 512,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "intermediate_size": 1408,
+    "vocab_size": 8192,
+    "max_position_embeddings": 2048,
+}
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2
+BOS_ID, EOS_ID = 1, 2
+# NOTE: logits with a std of ~4 make the top-2 gap large next to float reordering error, so greedy
+# tokens do not change between a sequence run alone and the same sequence inside a batch.
+LM_HEAD_LOGIT_STD = 4.0
+
+
+def default_config(**size: int) -> dict:
+    """The HF config.json of the default model; `size` overrides DEFAULT_SIZE keys (small test models)."""
+    unknown = set(size) - set(DEFAULT_SIZE)
+    if unknown:
+        raise TypeError(f"unknown size overrides: {sorted(unknown)} (allowed: {sorted(DEFAULT_SIZE)})")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **DEFAULT_SIZE,
+        **size,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "torch_dtype": "float32",
+    }
+
+
+def write_default_checkpoint(out_dir: str | Path, seed: int = 0, **size: int) -> Path:
+    """Write config.json, model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json.
+
+    Same seed and size give byte-identical files on every run; nothing is downloaded.
+    A manifest (batchlm_checkpoint.json, written last) records the hashes for `default_checkpoint_is_current`.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = default_config(**size)
+    model_config = ModelConfig.from_hf_dict(config)
+    files = {
+        "config.json": _json_bytes(config),
+        "generation_config.json": _json_bytes(
+            {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "do_sample": False}),
+        "tokenizer_config.json": _json_bytes({
+            "add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
+            "unk_token": "<unk>", "clean_up_tokenization_spaces": False,
+            "model_max_length": config["max_position_embeddings"],
+            "tokenizer_class": "PreTrainedTokenizerFast"}),
+        "tokenizer.json": train_tokenizer(seed, config["vocab_size"]).to_str(pretty=True).encode(),
+    }
+    hashes = {name: _write_atomic(out / name, data) for name, data in files.items()}
+    tmp = out / "model.safetensors.tmp"
+    save_file(random_weights(model_config, seed), str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, 0o644)  # NOTE: safetensors creates the file 0600; the server may run as another user
+    os.replace(tmp, out / "model.safetensors")
+    hashes["model.safetensors"] = _sha256(out / "model.safetensors")
+    manifest = {"format_version": FORMAT_VERSION, "seed": seed, "config": config, "files": hashes}
+    _write_atomic(out / MANIFEST, _json_bytes(manifest))
+    return out
+
+
+def default_checkpoint_is_current(out_dir: str | Path, seed: int = 0, **size: int) -> bool:
+    """True when `out_dir` holds exactly what write_default_checkpoint(out_dir, seed, **size) would write."""
+    out = Path(out_dir)
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    expected = {"format_version": FORMAT_VERSION, "seed": seed, "config": default_config(**size)}
+    if any(manifest.get(k) != v for k, v in expected.items()):
+        return False
+    return all((out / name).is_file() and _sha256(out / name) == digest
+               for name, digest in manifest.get("files", {}).items())
+
+
+def random_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """HF-named float32 tensors; each projection preserves unit variance, lm_head spreads the logits."""
+    g = torch.Generator().manual_seed(seed)
+    D, hd, I = config.hidden_size, config.head_dim, config.intermediate_size
+    H, KVH, V = config.num_heads, config.num_kv_heads, config.vocab_size
+
+    def normal(rows: int, cols: int, std: float) -> torch.Tensor:
+        return torch.randn(rows, cols, generator=g) * std
+
+    weights = {"model.embed_tokens.weight": normal(V, D, 1.0)}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        weights[p + "self_attn.q_proj.weight"] = normal(H * hd, D, 1 / math.sqrt(D))
+        weights[p + "self_attn.k_proj.weight"] = normal(KVH * hd, D, 1 / math.sqrt(D))
+        weights[p + "self_attn.v_proj.weight"] = normal(KVH * hd, D, 1 / math.sqrt(D))
+        weights[p + "self_attn.o_proj.weight"] = normal(D, H * hd, 1 / math.sqrt(H * hd))
+        weights[p + "mlp.gate_proj.weight"] = normal(I, D, 1 / math.sqrt(D))
+        weights[p + "mlp.up_proj.weight"] = normal(I, D, 1 / math.sqrt(D))
+        weights[p + "mlp.down_proj.weight"] = normal(D, I, 1 / math.sqrt(I))
+        weights[p + "input_layernorm.weight"] = torch.ones(D)
+        weights[p + "post_attention_layernorm.weight"] = torch.ones(D)
+    weights["model.norm.weight"] = torch.ones(D)
+    weights["lm_head.weight"] = normal(V, D, LM_HEAD_LOGIT_STD / math.sqrt(D))
+    return weights
+
+
+def train_tokenizer(seed: int, vocab_size: int):
+    """A byte-level BPE (`tokenizers.Tokenizer`) trained on the synthetic corpus; deterministic per seed."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from batchlm.model import synthetic_corpus
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(synthetic_corpus.generate(seed), trainer=trainer)
+    return tokenizer
+
+
+def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = None, attention: str = "auto",
+               linear: str = "auto", pointwise: str = "auto") -> LlamaForCausalLM:
+    """Load a Llama-family HF checkpoint from local disk, in eval mode; `.config` is its ModelConfig.
+
+    dtype None means float32 on CPU and bfloat16 elsewhere. Weights are converted on copy.
+    `attention` picks the attention path (LlamaForCausalLM.set_attention), `linear` the packed matmul
+    (LlamaForCausalLM.prepack_linears), `pointwise` the element-wise ops (LlamaForCausalLM.set_pointwise).
+    """
+    config = ModelConfig.from_dir(model_dir)
+    device = torch.device(device)
+    if dtype is None:
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    model = LlamaForCausalLM(config, device=device, dtype=dtype)
+    model.load_hf_state_dict(SafetensorsCheckpoint(model_dir))
+    model.prepack_linears(linear)  # no-op off CPU
+    model.set_attention(attention)
+    model.set_pointwise(pointwise)
+    return model
+
+
+class SafetensorsCheckpoint(Mapping):
+    """Read-only, lazy name -> tensor view of model.safetensors or of the shards an index names."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        root = Path(model_dir)
+        index = root / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self._files = {name: root / shard for name, shard in weight_map.items()}
+        elif (root / "model.safetensors").is_file():
+            single = root / "model.safetensors"
+            with safe_open(str(single), framework="pt") as f:
+                self._files = {name: single for name in f.keys()}
+        else:
+            raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {root}")
+        self._handles: dict[Path, object] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._files:
+            raise KeyError(f"tensor {name!r} missing from checkpoint")
+        path = self._files[name]
+        if path not in self._handles:
+            self._handles[path] = safe_open(str(path), framework="pt")
+        return self._handles[path].get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
+def _json_bytes(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode()
+
+
+def _write_atomic(path: Path, data: bytes) -> str:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,126 @@
+"""Tokenizer over a HF `tokenizer.json`, and IncrementalDetokenizer for streaming text token by token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from batchlm.model.model_config import token_ids
+
+_REPLACEMENT = "\ufffd"  # what a decoder emits for bytes that are not (yet) a whole UTF-8 character
+# Text that ends in U+FFFD may still change: the bytes of a character split over tokens decode as U+FFFD
+# until its last byte comes. A lossy UTF-8 decode (byte-level BPE) can change only the last U+FFFD; a
+# byte-fallback decoder turns every byte of an unfinished group into one, and changes them all. So the
+# whole trailing run of U+FFFD is held while it spans fewer than _HOLD_RUN_TOKENS tokens, then all of it
+# but its last character (invalid bytes, say from a model with random weights, are not held for long),
+# and past _MAX_HELD_TOKENS everything goes out (a bound on the decode work per token).
+_HOLD_RUN_TOKENS = 8
+_MAX_HELD_TOKENS = 64
+
+
+class Tokenizer:
+    """encode(text) -> ids (BOS first when the checkpoint asks); decode(ids) -> text (specials skipped)."""
+
+    def __init__(self, hf: HFTokenizer, add_bos: bool, bos_token_id: int | None,
+                 eos_token_ids: frozenset[int]) -> None:
+        self.hf = hf
+        self.add_bos = add_bos and bos_token_id is not None
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
+        """Read tokenizer.json plus the BOS/EOS settings of tokenizer_config.json, config.json and
+        generation_config.json (EOS ids are the union of what they name)."""
+        root = Path(model_dir)
+        path = root / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no tokenizer.json in {root}")
+        hf = HFTokenizer.from_file(str(path))
+        tok_cfg, cfg, gen_cfg = (_read_json(root / n) for n in
+                                 ("tokenizer_config.json", "config.json", "generation_config.json"))
+        bos = _special_id(hf, tok_cfg.get("bos_token"))
+        for source in (gen_cfg, cfg):
+            if source.get("bos_token_id") is not None:
+                bos = token_ids(source["bos_token_id"], "bos_token_id")[0]
+        eos = set(token_ids(cfg.get("eos_token_id"), "eos_token_id"))
+        eos |= set(token_ids(gen_cfg.get("eos_token_id"), "eos_token_id"))
+        if not eos and _special_id(hf, tok_cfg.get("eos_token")) is not None:
+            eos.add(_special_id(hf, tok_cfg.get("eos_token")))
+        add_bos = tok_cfg.get("add_bos_token")
+        if add_bos is None:  # no explicit setting: do what the tokenizer's post-processor does
+            with_specials = hf.encode("a", add_special_tokens=True).ids
+            add_bos = bos is not None and len(with_specials) > 0 and with_specials[0] == bos
+        return cls(hf, bool(add_bos), bos, frozenset(eos))
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.hf.encode(text, add_special_tokens=False).ids
+        return [self.bos_token_id, *ids] if self.add_bos else ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+
+class IncrementalDetokenizer:
+    """Turn generated ids into text one token at a time, never splitting a UTF-8 character.
+
+    Keeps two offsets into prompt + output ids: text is decoded from `prefix_offset` (a few tokens of
+    context, so tokenizers that drop a leading space decode a word correctly) and what lies past
+    `read_offset` is new. A trailing run of U+FFFD in the new text is held back until the next tokens
+    complete it (see _HOLD_RUN_TOKENS); the text before it goes out at once, and `_emitted` counts
+    the characters of the new text already handed out.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids)
+        # NOTE: a few prompt tokens of context, as vLLM does; the prompt's own text is never emitted.
+        self.prefix_offset = max(len(self.ids) - 5, 0)
+        self.read_offset = len(self.ids)
+        self._emitted = 0
+        self.text = ""
+
+    def add(self, token_id: int) -> str:
+        """Append one generated id; return the text it completes ("" while a character is incomplete)."""
+        self.ids.append(token_id)
+        prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        full_text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        if len(full_text) <= len(prefix_text) + self._emitted:
+            return ""
+        new_text = full_text[len(prefix_text):]
+        held = len(self.ids) - self.read_offset
+        run = len(new_text) - len(new_text.rstrip(_REPLACEMENT))
+        if run and held < _MAX_HELD_TOKENS:
+            ready = new_text[:len(new_text) - (run if held < _HOLD_RUN_TOKENS else 1)]
+            return self._hand_out(ready)
+        piece = self._hand_out(new_text)
+        self.prefix_offset, self.read_offset, self._emitted = self.read_offset, len(self.ids), 0
+        return piece
+
+    def flush(self) -> str:
+        """At the end of generation: whatever was held back (possibly an invalid, replaced tail)."""
+        prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        full_text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        piece = self._hand_out(full_text[len(prefix_text):])
+        self.prefix_offset, self.read_offset, self._emitted = len(self.ids), len(self.ids), 0
+        return piece
+
+    def _hand_out(self, ready: str) -> str:
+        """The part of `ready` (new text known final) not handed out before."""
+        piece = ready[self._emitted:]
+        self._emitted = max(self._emitted, len(ready))
+        self.text += piece
+        return piece
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _special_id(hf: HFTokenizer, token: str | dict | None) -> int | None:
+    if isinstance(token, dict):  # older tokenizer_config.json: {"content": "<s>", ...}
+        token = token.get("content")
+    return hf.token_to_id(token) if token else None

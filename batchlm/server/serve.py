@@ -1,0 +1,51 @@
+"""Serve the model repository with a real tritonserver until a signal drains and stops it.
+
+    batchlm-serve [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--log FILE]
+                  [--drain-timeout 60] [-- extra tritonserver arguments]
+
+Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT. `make serve` runs the set-up first. The
+server's log goes to this terminal, or with `--log` to that file.
+
+The server runs in explicit model control with every model loaded at start
+(`--model-control-mode=explicit --load-model=*`), its repository API restricted to this script (a
+header with a random value), unless the extra arguments choose a mode. SIGINT,
+SIGTERM or SIGHUP drain it: every model is unloaded through the repository API, so requests parked in
+static_batching or waiting in a queue are answered UNAVAILABLE and running ones finish; then the server
+gets its SIGTERM. A second signal while draining stops it at once. In another model control mode the
+repository API refuses unloads, and the server gets its SIGTERM at once. Then this script removes what
+the server's stubs left (shared-memory regions, instance claims) and exits 0; if the server ends by
+itself, the script exits with the server's status.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from batchlm.paths import DEFAULT_REPOSITORY
+from batchlm.server.triton_server import TritonServer, serve_until_signalled, with_model_control
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="batchlm-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    ap.add_argument("--log", type=Path, default=None, help="write the server log here (default: terminal)")
+    ap.add_argument("--drain-timeout", type=float, default=60.0,
+                    help="seconds a signal waits for the models to unload before stopping anyway")
+    ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
+    args = ap.parse_args(argv)
+
+    extra, admin_header = with_model_control(args.extra)
+    server = TritonServer(
+        model_repository=args.model_repository.resolve(), http_port=args.http_port,
+        grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
+        show_output=args.log is None, extra_args=tuple(extra), admin_header=admin_header,
+    )
+    return serve_until_signalled(server, args.drain_timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

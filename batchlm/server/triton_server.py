@@ -1,0 +1,447 @@
+"""Start, probe and stop a real `tritonserver` process over a model repository.
+
+Used by the serve command, the test fixtures and the benchmarks. It never leaves an orphan behind: the
+server runs in its own process session, and `stop()` ends the server and every Python backend stub it
+started, even when the server hangs on shutdown.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
+from batchlm.serving.instance_claim import clear_claims
+
+_CRASH = re.compile(r"corrupt|double free|malloc|free\(\)|Segmentation|Aborted")
+# NOTE: tritonserver 2.51's words for a model it would not load: a config it refused while reading the
+# repository ("Poll failed for model directory 'm': ...") or a load that failed ("failed to load 'm' version 1: ...")
+_LOAD_FAILURE = re.compile(r"\] \"(Poll failed for model directory '[^']*': .*|failed to load '[^']*' version .*)\"$")
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where a tritonserver binary and its backends live."""
+
+    binary: Path
+    backend_dir: Path
+    lib_dir: Path | None = None  # extra LD_LIBRARY_PATH entry (the extracted wheel's libraries)
+
+    @classmethod
+    def find(cls) -> "TritonInstall":
+        """$TRITON_HOME, then a `tritonserver` on PATH (NGC), then the project's extracted `.triton/`: the
+        order `scripts/setup.sh` looks in. (Before, `.triton/` came before PATH, so a checkout set up
+        outside an NGC container served that extracted 2.51 inside it.)"""
+        home = os.environ.get("TRITON_HOME")
+        on_path = shutil.which("tritonserver")
+        if not home and on_path and (NGC_BACKENDS / "python").is_dir():  # NOTE: as setup.sh checks
+            return cls(Path(on_path), NGC_BACKENDS)
+        base = Path(home) if home else PROJECT_ROOT / ".triton"
+        if (base / "bin" / "tritonserver").exists():
+            lib = base / "lib"
+            return cls(base / "bin" / "tritonserver", base / "backends", lib if lib.is_dir() else None)
+        if home:
+            raise FileNotFoundError(f"TRITON_HOME={home} has no bin/tritonserver")
+        raise FileNotFoundError(
+            "no tritonserver found: run `make setup` (extracts one into .triton/) or set TRITON_HOME"
+        )
+
+
+NGC_BACKENDS = Path("/opt/tritonserver/backends")  # where an NGC container's tritonserver has its backends
+_HANDED_OUT: set[int] = set()  # ports free_port() returned in this process
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback right now, and not one this process was given before.
+
+    The kernel may hand out the port it just freed again: two calls in a row once gave one server the
+    same HTTP and metrics port, and tritonserver refused to start."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process. Use as a context manager, or call start()/stop()."""
+
+    model_repository: Path = DEFAULT_REPOSITORY
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    log_path: Path | None = None
+    # With no log_path: True sends the server's output to this process's stdout and stderr, False drops it.
+    show_output: bool = False
+    extra_args: tuple[str, ...] = ()
+    # A header (name, value) that drain() sends: the one the server's repository API is restricted to
+    # (`--http-restricted-api`), if it is.
+    admin_header: tuple[str, str] | None = None
+    install: TritonInstall | None = None
+    # On SIGTERM: the most seconds tritonserver waits for requests in flight to end and models to unload
+    # before it exits anyway (Triton's --exit-timeout-secs).
+    exit_timeout_s: int = 15
+    process: subprocess.Popen | None = field(default=None, init=False)
+    # Python backend shared-memory regions of this server are named with this prefix, so stop() can
+    # remove the ones a killed stub leaves in /dev/shm.
+    shm_prefix: str = field(default_factory=lambda: f"batchlm_{uuid.uuid4().hex[:12]}_", init=False)
+    _log_file: object = field(default=None, init=False, repr=False)
+    _log_start: int = field(default=0, init=False, repr=False)  # where this start's lines begin in log_path
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def drainable(self) -> bool:
+        """Whether drain() can unload this server's models: its arguments choose explicit model control."""
+        return model_control_mode(self.extra_args) == "explicit"
+
+    def command(self) -> list[str]:
+        install = self.install or TritonInstall.find()
+        return [
+            str(install.binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={install.backend_dir}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            *self.extra_args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: the stub must run this interpreter's environment (venv)."""
+        install = self.install or TritonInstall.find()
+        env = dict(os.environ)
+        venv_bin = str(Path(sys.executable).parent)
+        env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+        if sys.prefix != sys.base_prefix:
+            env["VIRTUAL_ENV"] = sys.prefix
+        if install.lib_dir is not None:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (str(install.lib_dir), env.get("LD_LIBRARY_PATH", "")) if p
+            )
+        # NOTE: keep Python from writing __pycache__ next to shared code (Triton treats every
+        # folder in the repository as a model).
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        return env
+
+    def start(self, timeout: float = 180.0) -> "TritonServer":
+        """Start the server and wait until it reports ready; raise with the log tail if it does not."""
+        out = None if self.show_output else subprocess.DEVNULL
+        if self.log_path is not None:
+            self._log_file = open(self.log_path, "ab")
+            self._log_start = self._log_file.tell()
+            out = self._log_file
+        self.process = subprocess.Popen(
+            self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        try:
+            self.wait_ready(timeout)
+        except BaseException:  # NOTE: SystemExit from exit_cleanly_on_sigterm too
+            self.stop()
+            raise
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.process.returncode}{self._log_tail()}")
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None or not Path(self.log_path).exists():
+            return ""
+        tail = Path(self.log_path).read_text(errors="replace").splitlines()[-lines:]
+        return "\n--- tritonserver log tail ---\n" + "\n".join(tail)
+
+    def load_failures(self) -> list[str]:
+        """Why models did not load, in tritonserver's words, from this start's part of the log."""
+        if self.log_path is None or not Path(self.log_path).exists():
+            return []
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            lines = log.read().decode(errors="replace").splitlines()
+        return [m.group(1) for m in map(_LOAD_FAILURE.search, lines) if m]
+
+    def crash_lines(self) -> list[str]:
+        """Lines of the server's log that show a process crashing (heap corruption, a fatal signal)."""
+        if self.log_path is None or not Path(self.log_path).exists():
+            return []
+        return [line for line in Path(self.log_path).read_text(errors="replace").splitlines()
+                if _CRASH.search(line)]
+
+    def descendants(self) -> list[int]:
+        """PIDs of the server's process tree (stubs included), read from /proc."""
+        return [] if self.process is None else process_tree(self.process.pid)
+
+    def stubs(self) -> dict[int, str]:
+        """Live Python backend stubs of this server: pid -> the model each serves."""
+        found = {}
+        for pid in self.descendants():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+            except OSError:
+                continue
+            # NOTE: a stub's first argument is <repository>/<model>/<version>/model.py
+            if argv[0].endswith("triton_python_backend_stub") and len(argv) > 1:
+                found[pid] = Path(argv[1]).parents[1].name
+        return found
+
+    def drain(self, timeout: float = 60.0) -> list[str]:
+        """Unload every loaded model and wait until none is left; return the ones unloaded.
+
+        Needs explicit model control (`--model-control-mode=explicit`; tritonserver refuses an unload
+        otherwise). Parked and waiting requests are answered UNAVAILABLE, running ones finish. Call it
+        before stop() when HTTP clients may have requests parked in static_batching: on SIGTERM
+        tritonserver first waits, up to its exit timeout, for every open HTTP connection to close, and a
+        parked request's connection stays open, even after its client has died, until the model answers
+        it, which it does only at unload; so the server waits out its exit timeout and exits without
+        unloading anything."""
+        base = f"http://{self.http_url}/v2/repository"
+
+        headers = dict([self.admin_header]) if self.admin_header else {}
+
+        def post(path: str) -> bytes:
+            request = urllib.request.Request(f"{base}/{path}", data=b"{}", method="POST", headers=headers)
+            with urllib.request.urlopen(request, timeout=timeout) as r:
+                return r.read()
+
+        def loaded() -> list[str]:
+            return [m["name"] for m in json.loads(post("index"))
+                    if m.get("state") in ("READY", "LOADING", "UNLOADING")]
+
+        names = loaded()
+        for name in names:
+            post(f"models/{name}/unload")
+        deadline = time.monotonic() + timeout
+        while (left := loaded()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if left:
+            raise TimeoutError(f"models still loaded {timeout:.0f} s after their unload: {left}")
+        return names
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM the server (it unloads models, which stops their threads), then kill what is left."""
+        if self.process is None:
+            return
+        stubs = self.descendants()
+        # NOTE: Triton's SIGTERM handling first waits, up to its exit timeout, for every open HTTP
+        # connection to close, then unloads the models in whatever time is left. A client socket of this
+        # process kept alive only by a reference cycle (a failed request's traceback holds its response)
+        # made it wait out its exit timeout and exit without unloading any model; collect such cycles first.
+        gc.collect()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        _kill_group(self.process.pid)
+        for pid in stubs:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for region in Path("/dev/shm").glob(self.shm_prefix + "*"):
+            region.unlink(missing_ok=True)
+        clear_claims(self.process.pid)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        self.process = None
+
+    def __enter__(self) -> "TritonServer":
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def process_tree(root: int) -> list[int]:
+    """PIDs of every live descendant of `root` (children first), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+ADMIN_HEADER = "batchlm-admin"
+
+
+def model_control_mode(args: list[str] | tuple[str, ...]) -> str:
+    """The model control mode that tritonserver arguments `args` choose: the last
+    `--model-control-mode=M` or `--model-control-mode M`; "none" (tritonserver's default) where none
+    does; "" for a flag left without its value."""
+    mode = "none"
+    for i, arg in enumerate(args):
+        if arg.startswith("--model-control-mode="):
+            mode = arg.split("=", 1)[1]
+        elif arg == "--model-control-mode":
+            mode = args[i + 1] if i + 1 < len(args) else ""
+    return mode
+
+
+def with_model_control(extra: list[str] | tuple[str, ...]) -> tuple[list[str], tuple[str, str] | None]:
+    """tritonserver arguments for the serve commands: `extra`, with explicit model control and every
+    model loaded at start added where `extra` chooses no mode of its own; and the header that
+    `TritonServer.drain()` must send, or None.
+
+    Where the mode is added here, the repository API (index, load, unload) is restricted, over HTTP and
+    gRPC, to requests that carry a header with a random value made for this server, so only the serve
+    command can unload models, as without explicit model control no client could. A mode chosen in
+    `extra` leaves the API as `extra` sets it."""
+    extra = list(extra)
+    if any(a == "--model-control-mode" or a.startswith("--model-control-mode=") for a in extra):
+        return extra, None
+    token = secrets.token_hex(16)
+    added = ["--model-control-mode=explicit", "--load-model=*",
+             f"--http-restricted-api=model-repository:{ADMIN_HEADER}={token}",
+             f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={token}"]
+    return [*added, *extra], (ADMIN_HEADER, token)
+
+
+def serve_until_signalled(server: TritonServer, drain_timeout: float = 60.0, start_timeout: float = 900.0) -> int:
+    """Start `server`, print a ready line, and serve until SIGINT, SIGTERM or SIGHUP; then drain it where
+    it runs in explicit model control (`TritonServer.drainable`; at most `drain_timeout` s; a second
+    signal skips the rest) and stop it. Return 0; the server's status if it ended by itself; 1 if it
+    exited or was not ready within `start_timeout` s at start (said in one line). Progress goes to
+    stderr, prefixed `serve:`.
+
+    Draining first matters: on SIGTERM tritonserver waits, up to its exit timeout, for every open HTTP
+    connection to close before it unloads anything, and a request parked in static_batching keeps its
+    connection open until its model is unloaded (see `TritonServer.drain`)."""
+    exit_cleanly_on_sigterm()  # NOTE: SIGTERM's default action would end this process before server.stop()
+    # NOTE: the signals that stop the server must reach this process even when its parent handed it
+    # SIGINT ignored (a job started in the background by a shell without job control) or blocked. The
+    # server runs in a session of its own, so a terminal's Ctrl-C reaches this process only.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
+    status = 0
+    try:
+        try:
+            try:
+                server.start(timeout=start_timeout)
+            except (RuntimeError, TimeoutError) as exc:  # NOTE: the server's own log has said why
+                _say(f"not serving: {exc}")
+                return 1
+            print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",
+                  flush=True)
+            # NOTE: not signal.pause(): a signal that lands after Python's last check for pending signals
+            # and before pause() is entered leaves pause() waiting for the next one, and the server
+            # running. A pending signal's handler runs at the latest when this sleep ends.
+            while server.process.poll() is None:
+                time.sleep(0.5)
+            status = server.process.returncode or 1
+            _say(f"tritonserver exited by itself with status {server.process.returncode}")
+        except (KeyboardInterrupt, SystemExit):
+            if server.drainable and server.process is not None and server.process.poll() is None:
+                _drain(server, drain_timeout)
+    finally:
+        for signum in STOP_SIGNALS:  # NOTE: nothing may cut the stop short: it removes the stubs
+            signal.signal(signum, signal.SIG_IGN)
+        process = server.process
+        server.stop()
+        if status == 0 and process is not None and process.returncode:
+            _say(f"tritonserver exited with status {process.returncode} (its log says why)")
+    return status
+
+
+def _drain(server: TritonServer, timeout: float) -> None:
+    _say(f"draining: unloading every model (at most {timeout:.0f} s); signal again to stop at once")
+    try:
+        unloaded = server.drain(timeout=timeout)
+        _say(f"unloaded {', '.join(unloaded) or 'nothing'}; stopping")
+    except (KeyboardInterrupt, SystemExit):
+        _say("second signal: stopping without waiting for the drain")
+    except (TimeoutError, OSError) as exc:  # NOTE: urllib's URLError and HTTPError are OSErrors
+        _say(f"drain incomplete ({exc}); stopping")
+
+
+def _say(message: str) -> None:
+    print(f"serve: {message}", file=sys.stderr, flush=True)
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """Make SIGTERM and SIGHUP raise SystemExit in this (main-thread) process, so `finally` blocks and
+    `TritonServer.__exit__` stop the server and its stubs. Without it the default action ends the
+    process at once: the server dies with it (PR_SET_PDEATHSIG), but its Python backend stubs, which
+    are the server's children, are left running."""
+    def _exit(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise SystemExit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the server gets SIGKILL if the process that started it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
