@@ -1,9 +1,9 @@
 """Command line client: send one request to any model by name and print its text and timings.
 
-    python -m client generate continuous_batching "Once upon a time" --max-tokens 32
-    python -m client generate dynamic_batching "Hello" --max-tokens 16 --protocol http
-    python -m client generate dynamic_batching "Hello" --protocol infer
-    python -m client info static_batching
+    batchlm-client generate continuous_batching "Once upon a time" --max-tokens 32
+    batchlm-client generate dynamic_batching "Hello" --max-tokens 16 --protocol http
+    batchlm-client generate dynamic_batching "Hello" --protocol infer
+    batchlm-client info static_batching
 
 Decoupled models are read as a stream, a gRPC one or, with `--protocol http`, server-sent events from
 `/generate_stream`, and the text is printed as it arrives (models that refuse `stream: true` are asked
@@ -26,7 +26,7 @@ from client.triton_llm import PROTOCOLS, LLMClient, RequestFailed, Result, colle
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m client", description=__doc__,
+    p = argparse.ArgumentParser(prog="batchlm-client", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--http", default="127.0.0.1:8000", help="HTTP host:port")
     p.add_argument("--grpc", default="127.0.0.1:8001", help="gRPC host:port")

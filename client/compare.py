@@ -10,7 +10,7 @@ CPU), warmed up, and the same seeded workload (batchlm.bench.workload defaults):
    tokens) but --same-kv-seqs (64) sequences in flight, closed loop at 64 on as many requests per
    sequence slot as the others (128 / 8 = 16, so 1024: with 128 its 64 slots drained for half of the
    run). The median run of each counts. This VM's speed drifts by up to 2x over tens of minutes, and
-   not on every strategy alike (README, "Measured comparison"); interleaved, a slow phase falls on
+   not on every strategy alike (docs/benchmarking.md, "Noise on small machines"); interleaved, a slow phase falls on
    every strategy instead of on whichever ran in it. Every
    strategy answers each request once (stream=false), so all send the same responses and the
    throughput compares scheduling alone;

@@ -1,4 +1,4 @@
-"""The README's Locust table from the `<prefix>_stats.csv` files of headless runs.
+"""Locust stats as one markdown table: a row per request event of each `<prefix>_stats.csv` of headless runs.
 
     .venv/bin/batchlm-bench locust-table results/locust/static_batching_stats.csv ...
 

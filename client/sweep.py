@@ -226,7 +226,7 @@ def main() -> None:
             runs[value].append(run_once(args, setting, out))
     rows = sweep_rows(runs)
     load = runs[args.values[0]][0]["arrival"]["label"]
-    command = shlex.join(["python", "client/sweep.py", *(a for a in sys.argv[1:] if a != "--report-only")])
+    command = shlex.join(["batchlm-bench", "sweep", *(a for a in sys.argv[1:] if a != "--report-only")])
     env = runs[args.values[0]][0]["environment"]
     (args.out / "sweep.md").write_text(sweep_markdown(args.model, args.path, rows, load, command, env))
     (args.out / "sweep.json").write_text(json.dumps({

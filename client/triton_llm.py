@@ -160,7 +160,7 @@ class LLMClient:
 
         gRPC requests read it over gRPC, so a client that only asks over gRPC needs no HTTP port and
         holds no HTTP connection open: an open one, even idle, makes tritonserver's SIGTERM wait out its
-        exit timeout and exit without unloading its models (README, "Errors, overload and shutdown").
+        exit timeout and exit without unloading its models (docs/operations.md, "Why drain before the SIGTERM").
         The two carry the fields read here alike; gRPC's leaves out fields at their default value."""
         if via not in PROTOCOLS:
             raise ValueError(f"via must be one of {PROTOCOLS}, got {via!r}")
@@ -306,7 +306,7 @@ class LLMClient:
         finally:
             # NOTE: cancel only a request still running (a timeout, or the caller stopped reading).
             # Cancelling a stream whose last response had arrived left tritonserver 2.51 holding the
-            # model, which then never finished unloading (README, "Errors, overload and shutdown").
+            # model, which then never finished unloading (docs/operations.md, "Why drain before the SIGTERM").
             self.grpc.stop_stream(cancel_requests=not ended)
 
     def infer_grpc(self, model: str, prompt: str, max_tokens: int, **options) -> Result:

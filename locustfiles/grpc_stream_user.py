@@ -72,8 +72,7 @@ class TritonGrpcStreamUser(User):
         finally:
             # NOTE: cancels the request on the server if this user is stopped mid-request or timed out;
             # never a finished one: cancelling a stream whose last response had arrived left tritonserver
-            # 2.51 holding the model, which then never finished unloading (README, "Errors, overload and
-            # shutdown").
+            # 2.51 holding the model, which then never finished unloading (docs/operations.md).
             self.triton.stop_stream(cancel_requests=not ended)
         timer.done(tokens, error)
         if error is not None:

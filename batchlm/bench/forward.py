@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Time one decode forward of the model at several batch sizes (in process, no server).
 
     batchlm-bench forward [--model models/default] [--context 128] [--threads 2]

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Save what the kernels and the model compute on fixed inputs, or compare two such files to the bit.
 
     batchlm-bench kernel-outputs save OUT.pt [--dtype float32|bfloat16]

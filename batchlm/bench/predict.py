@@ -1,21 +1,20 @@
-#!/usr/bin/env python
 """What this machine's step costs allow: the throughput targets' ratios predicted from timed forward passes.
 
     batchlm-bench predict [--seqs 8,16,24,32,40,48,64] [--same-kv-seqs 40] [--rounds 5]
-                                     [--iters 30] [--threads 2] [--num-requests N] [--dtype float32|bfloat16]
+                          [--iters 30] [--threads 2] [--num-requests N] [--dtype float32|bfloat16]
 
 Times, in process and interleaved round by round (this VM's speed drifts, so every figure of a round
 comes from the same minute): a prefill of 8 prompts of the workload's mean length, a request-level
 decode step of 8 rows at request-level batching's mean context, and a decode step of n rows at
 continuous batching's mean context for each n of `--seqs`. Each figure is the median over the rounds
-of each round's 20th-percentile step (bench_forward's `time_step`). It then predicts, with
+of each round's 20th-percentile step (`batchlm.bench.forward.time_step`). It then predicts, with
 `batchlm.bench.step_cost_model`, each continuous configuration's output tokens/s over request-level
 batching's on the default workload (its expectations; with `--num-requests N`, the lengths of its
-first N seeded requests, which scripts/step_costs.py and the compare run), with the prompts as they
+first N seeded requests, which `batchlm-bench ratios` and the compare run), with the prompts as they
 cost here and with free prompts (the step-count view), and what a decode token would have to cost for
 the same-KV target. `--same-kv-seqs` is the n that the compare's same-KV memory holds (37 to 40
 sequences a step in its runs). Forward passes only: no scheduler, server or client, and the drain at a
-run's end left out (scripts/step_costs.py runs the engine itself).
+run's end left out (`batchlm-bench ratios` runs the engine itself).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from batchlm.model.tokenizer import Tokenizer
 from batchlm.paths import DEFAULT_MODEL_DIR
 
 BLOCK = 16
-TARGETS = {8: 2.3}  # continuous at 8 sequences / static (README "Targets")
+TARGETS = {8: 2.3}  # continuous at 8 sequences / static: the line `make compare` checks
 SAME_KV_TARGET = 5.0
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The engine's own throughput ratios, with the strategies interleaved so the machine's drift falls on all.
 
     batchlm-bench ratios [--num-requests 256] [--same-kv-seqs 64] [--dtype float32|bfloat16]
@@ -12,9 +11,7 @@ minute of the run. The continuous engines are kept saturated: their waiting queu
 the same seeded requests, in order and round again, and they run 3 s before timing starts (so in the timed
 window they serve the same distribution of lengths as request-level batching, not the very same
 requests). Prints each strategy's output tokens/s and its ratio to request-level batching's over the
-whole run.
-scripts/step_costs.py runs each strategy to the end one after the other instead (and times each step's
-kind); batchlm/bench/predict.py predicts these ratios from timed forward passes.
+whole run. `batchlm-bench predict` predicts these ratios from timed forward passes.
 """
 
 from __future__ import annotations

@@ -53,13 +53,13 @@ class Linear(nn.Module):
       (batchlm/kernels/linear.cpp) prefetches the next block of weights while it multiplies the current one,
       and sums every output over k in one fixed order, so a row's bits do not depend on the other rows of
       the call. A float32 decode step at 8 and 40 sequences costs ~0.8x and ~0.9x what it costs through
-      oneDNN (docs/architecture.md item 18).
+      oneDNN.
     - "onednn" (float32 or bfloat16): oneDNN's blocked layout. Against MKL's dense sgemm it made a batch-8
       step through gate_up and lm_head ~1.4x and ~2x cheaper; in prefill (512 rows) qkv / o / down took
       1.16 / 0.97 / 2.11 ms against 1.88 / 1.03 / 2.13 dense. Its result for a row can depend on the other
-      rows of the call: in bfloat16 above 32 rows on session 4's Intel CPU, and for down_proj (K = 1408)
-      from 2 rows (float32) or 4 rows (bfloat16) up on session 15's AMD EPYC. So in bfloat16 the rows go
-      through it at most `ROWS_PER_CALL` at a time, which was enough on that Intel CPU only.
+      rows of the call: in bfloat16 above 32 rows on an Intel Xeon, and for down_proj (K = 1408) from 2
+      rows (float32) or 4 rows (bfloat16) up on an AMD EPYC (Zen 4). So in bfloat16 the rows go through it
+      at most `ROWS_PER_CALL` at a time, which is enough on that Intel CPU only.
     - "auto": the kernel where it has vector code, else oneDNN, else dense.
     """
 

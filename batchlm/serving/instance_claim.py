@@ -4,8 +4,8 @@ Why: when a loaded model is loaded again (a reload, for instance with a new conf
 instances, routes new requests to them, and unloads the old ones once every request they hold is done.
 It does not tell the old instances, and to them `pb_utils.is_model_ready` still answers true (the model,
 by then the new one, is ready). `static_batching`'s parked requests wait for a batch that no new request
-will join, so they, and the old instance's stub, would wait for as long as the server runs (measured in
-docs/measurements.md, session 20).
+will join, so they, and the old instance's stub, would wait for as long as the server runs
+(`tests/functional/test_static_batching.py::test_a_reload_fails_the_old_instances_parked_requests`).
 
 How: an instance's name (`model_instance_name`, e.g. `static_batching_0_0`) is the same in every load,
 and its stub is a child of the server. So each instance, once initialized, claims

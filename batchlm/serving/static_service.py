@@ -144,9 +144,8 @@ class StaticBatchingService:
         others once Triton stops reporting this model ready, or once a successor instance was loaded
         (a reload; new requests go to it). The model is not ready while it loads, but no request is
         parked then (Triton sends requests only to a ready model), so not ready with requests parked
-        always means an unload or a shutdown. (Until session 27 only a drop after a check had seen the
-        model ready counted; a check is made only with requests parked, so an unload within one
-        `interval` of the first requests ever parked left them parked and the unload never ended.)
+        always means an unload or a shutdown, even one that began before any check had seen the model
+        ready (an unload within one `interval` of the first requests ever parked).
 
         With nothing parked it asks nothing. Triton finalizes the instance only after every sender is
         closed, so a check can overlap finalize only while nothing is parked; one that did made

@@ -20,8 +20,8 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("triton") / "server.log"
     # Explicit model control so tests can unload a model with requests in flight; all load at start.
     # NOTE: an exit timeout of 5 s: the configs that test_static_batching.py has refused at load are still
-    # counted as live models when the server stops, so the stop takes the whole exit timeout (README,
-    # "Errors, overload and shutdown"; scripts/repro_failed_load_stall.py); 15 s of every run before
+    # counted as live models when the server stops, so the stop takes the whole exit timeout 
+    # (tests/functional/test_failed_load_stall.py); 15 s would be added to every run
     srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
                        extra_args=("--model-control-mode=explicit", "--load-model=*"), exit_timeout_s=5)
     srv.start(timeout=300)
@@ -67,7 +67,7 @@ def held_by_http_connections(log_text: str) -> bool:
 
     tritonserver logs "Timeout N: Found M HTTP service connections" once a second while any is open, up to
     its exit timeout (15 s here). A client that has just closed its connection can still be counted at
-    the first check, and is gone by the next (seen once in a clean `make test`, session 28: one line,
+    the first check, and is gone by the next (seen once in a clean `make test`: one line,
     then none); a connection held by a request that is never answered is counted to the end (15 lines,
     then "Exit timeout expired", which callers that expect a clean exit check on their own)."""
     return log_text.count("HTTP service connections") > 2

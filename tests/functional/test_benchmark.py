@@ -79,7 +79,7 @@ def test_grpc_transport_measures_the_same(server, stream):
 def test_a_streamed_grpc_run_leaves_the_model_free_to_unload(server):
     """The benchmark's gRPC streams end without cancelling requests that have ended: cancelling a stream
     whose last response had arrived left tritonserver 2.51 holding the model, and its unload never
-    finished (3 of 3 such runs before the change; docs/measurements.md, session 20)."""
+    finished (3 of 3 such runs with a client that cancelled every stream at its end)."""
     requests_ = build_requests(WorkloadSpec(num_requests=4, output_mean=12.0, output_cap=24))
     config = BenchmarkConfig("continuous_batching", server.http_url, server.grpc_url, None,
                              ArrivalSpec.closed_loop(2), stream=True, protocol="grpc")
@@ -294,6 +294,7 @@ def test_sigterm_to_a_benchmark_that_started_its_server_leaves_no_process(tmp_pa
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # a characterization run of a measuring tool; `make test-slow`
 def test_stream_interval_sweep_writes_its_table(tmp_path):
     """`batchlm-bench stream-interval`: one server per run, a row per interval and the unstreamed reference,
     and a response per 3 tokens at interval 3 (the first text at once, and the final one)."""
@@ -316,6 +317,7 @@ def test_stream_interval_sweep_writes_its_table(tmp_path):
     assert all(v[6] == "0" for v in rows.values()), rows  # no failures
 
 
+@pytest.mark.slow  # a characterization run of a measuring tool; `make test-slow`
 def test_client_cost_measures_every_way_of_asking(tmp_path):
     """`batchlm-bench client-cost`: a row per transport, CPU per token read from the real processes; only
     the streamed ways have inter-token gaps."""

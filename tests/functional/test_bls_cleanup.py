@@ -3,9 +3,9 @@ check made after a decoupled BLS call has ended is answered only after the stub 
 call's iterator, so Python's share, dropped after that answer, is the last one and is freed under
 the GIL.
 
-`scripts/repro_bls_threads.py --noise` forces the race the reaper avoids (log round trips queued ahead
+`tests/functional/bls_threads_repro.py --noise` forces the race the reaper avoids (log round trips queued ahead
 of each call's cleanup, so Python lets go first). Without `--remedy`, 16 in flight, its caller's stub
-died in 6 of 8 runs in session 19 (after 64 and 29 of 1,600 requests, 176 of 320, 65, 66 and 320 of
+died in 6 of 8 runs (after 64 and 29 of 1,600 requests, 176 of 320, 65, 66 and 320 of
 480; the other two answered all 320 and all 480). With `--remedy` (one `is_cancelled()` before letting go) every
 request must be answered and both stubs must be alive at the end.
 """
@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from batchlm.paths import PROJECT_ROOT
 
 
 def test_a_round_trip_after_the_call_keeps_the_stub_alive(tmp_path):
-    proc = subprocess.run([sys.executable, "scripts/repro_bls_threads.py", "--noise", "--remedy",
+    proc = subprocess.run([sys.executable, "-m", "tests.functional.bls_threads_repro", "--noise", "--remedy",
                            "--concurrency", "16", "--requests", "480", "--work", str(tmp_path)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

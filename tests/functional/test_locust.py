@@ -95,7 +95,7 @@ def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, 
     protocol = _protocol(locustfile, extra)
     rows = _event_rows(prefix)
     assert set(rows) == {f"TTFT {protocol} {model}", f"E2E {protocol} {model}"}, rows
-    # the README's table from this run's CSV: one row per event, its request count as Locust wrote it
+    # the Locust table from this run's CSV: one row per event, its request count as Locust wrote it
     table = subprocess.run([sys.executable, "-m", "batchlm.bench", "locust-table", f"{prefix}_stats.csv"], cwd=PROJECT_ROOT,
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr

@@ -96,7 +96,7 @@ def test_greedy_text_is_the_same_everywhere(server, engine):
 
 
 # The code each protocol carries for INVALID_ARG: /generate answers every model error with 400, and a
-# gRPC stream (how the decoupled model answers over gRPC) carries the message alone (README, "Status codes")
+# gRPC stream (how the decoupled model answers over gRPC) carries the message alone (docs/operations.md, "Status codes, per endpoint")
 INVALID_ARG = {"http": "400", "infer": "400", "grpc": "StatusCode.INVALID_ARGUMENT", "grpc stream": "grpc"}
 BAD_OPTIONS = [("max_tokens", 0, {}), ("temperature", 4, {"temperature": -1.0}), ("top_p", 4, {"top_p": 2.0})]
 

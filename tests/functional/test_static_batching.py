@@ -17,7 +17,7 @@ from tests.functional.conftest import held_by_http_connections, metric_reaches, 
 BATCH = 8
 PROTOCOLS = ("http", "infer", "grpc")
 # Triton's status for UNAVAILABLE per protocol. HTTP /generate on tritonserver 2.51 answers every error
-# that a model returns with 400 (it reads the error's code after freeing it; see the README), so only
+# that a model returns with 400 (it reads the error's code after freeing it; see docs/operations.md), so only
 # /infer and gRPC carry the code, and only the message tells /generate's clients what happened.
 UNAVAILABLE = {"http": ("400", "503"), "infer": ("503",), "grpc": ("StatusCode.UNAVAILABLE",)}
 
@@ -277,8 +277,8 @@ def test_sigterm_with_parked_grpc_requests_waits_for_no_http_connection(tmp_path
     # 3 s after the SIGTERM; now and then the stub dies of SIGSEGV in pb_utils.is_model_ready during the
     # shutdown, the unload hangs ("Found 1 live models" to the end of the exit timeout), the server then
     # waits for the parked gRPC calls until it is killed, and that answers them ("Stream removed ...
-    # GOAWAY"): UNAVAILABLE either way, and not what this test is about (README, "Errors, overload and
-    # shutdown"; scripts/repro_sigterm_stall.py)
+    # GOAWAY"): UNAVAILABLE either way, and not what this test is about (docs/operations.md,
+    # "Why drain before the SIGTERM": 7 of 156 such stops hung, each with the stub dead of SIGSEGV)
     stalled = "Exit timeout expired" in text
     for status, message in answers:
         assert status in UNAVAILABLE["grpc"], (status, message)

@@ -51,7 +51,7 @@ def _server(repository: Path) -> TritonServer:
 def trt_server(tmp_path_factory):
     srv = _server(_repository(tmp_path_factory.mktemp("trtllm_repository")))
     # NOTE: after the two lost errors below the front may never finish unloading, and the stop waits out
-    # the exit timeout (README, "A second Python backend defect"): 5 s of it, not 15
+    # the exit timeout (docs/gpu.md): 5 s of it, not 15
     srv.exit_timeout_s = 5
     srv.start(timeout=300)
     yield srv
@@ -119,8 +119,8 @@ def test_an_engine_error_reaches_the_client_and_the_front_goes_on(llm, trt_serve
     stopped), and the front serves the next request.
     Not streamed only: on tritonserver 2.51 a decoupled BLS error response that is not the call's first
     never reaches the caller (python_backend r24.10 leaves its id unset; fixed in r25.04), so after
-    streamed tokens the front learns of it only from the engine's silence (the next test; README,
-    "TensorRT-LLM: continuous batching on a GPU"; `scripts/repro_bls_threads.py --fail-at 1`)."""
+    streamed tokens the front learns of it only from the engine's silence (the next test;
+    `tests/functional/bls_threads_repro.py --fail-at 1`)."""
     before = len(_stopped_ids(trt_server))
     with pytest.raises(RequestFailed) as failed:
         llm.answer(protocol, MODEL, PROMPT, FAILING_OUTPUT_LEN, ignore_eos=True)
@@ -236,11 +236,11 @@ def test_sigterm_with_streams_in_flight_ends_them_and_exits_cleanly(tmp_path):
     itself, leaving no stub behind: the front's workers and the stand-in's engine thread both stop.
     NOTE: the clients close their gRPC streams after the SIGTERM, as a client does when it is done: while a
     client keeps a stream open, tritonserver 2.51 unloads no decoupled model and does not exit, even past
-    its exit timeout (continuous_batching alike; README, "Errors, overload and shutdown").
+    its exit timeout (continuous_batching alike; docs/operations.md, "Why drain before the SIGTERM").
     NOTE: the drain must fit the exit timeout. Past it, tritonserver 2.51 exits "immediately" with models
     still loaded: on a 2-core AVX2 machine, where 900 tokens a stream did not drain in 15 s, it aborted in
     the Python backend (`malloc(): unaligned tcache chunk detected`) or hung for good in its gRPC
-    server's shutdown, with the clients waiting for their streams (docs/measurements.md, session 24). So
+    server's shutdown, with the clients waiting for their streams. So
     the streams ask for 300 tokens and the server gets 60 s, and the clients' wait is bounded here."""
     srv = _server(_repository(tmp_path / "shutdown_repository"))
     srv.exit_timeout_s = 60

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from batchlm.engine.engine_config import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS
@@ -69,6 +70,7 @@ def test_stop_cost_prints_a_time_per_token_for_each_list_length():
     assert times[2000] > times[0]  # 2000 searches a token against none
 
 
+@pytest.mark.slow  # a characterization run of a measuring tool; `make test-slow`
 def test_bench_forward_times_decode_and_prefill_per_batch_size():
     """`batchlm-bench forward`: a line per batch size, with the prefill figures when asked."""
     import sys
@@ -104,6 +106,7 @@ def test_bench_forward_interfere_times_steps_alone_and_beside_spinners_and_stops
     assert left.stdout == "", f"spinner processes left running: {left.stdout}"
 
 
+@pytest.mark.slow  # a characterization run of a measuring tool; `make test-slow`
 def test_engine_ratios_keeps_the_continuous_engines_full_between_request_level_batches():
     """`batchlm-bench ratios`: every strategy timed, the continuous engines saturated in every step."""
     import sys

@@ -1,7 +1,7 @@
 """BlsReaper: what was retired before a mark is dropped by release(mark), nothing after it; and the
 CancellationWatcher releases only after a sweep whose ask was a round trip (answered "not cancelled").
-That this ends the stub's heap corruption is measured by scripts/stress_trtllm_front.py; the front's
-use of it is covered by tests/functional/test_trtllm_front.py."""
+That a round trip after a call has ended keeps the stub's heap whole is checked on the real server by
+tests/functional/test_bls_cleanup.py; the front's use of it is covered by tests/functional/test_trtllm_front.py."""
 
 import gc
 import threading

@@ -38,6 +38,7 @@ def vectorized_lines(source: Path) -> set[int]:
     return {int(m.group(1)) for m in re.finditer(pattern, report)}
 
 
+@pytest.mark.slow  # a characterization run of a measuring tool; `make test-slow`
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs the compiler the library is built with")
 def test_the_loops_over_the_exp_vectorize():
     sources = [kernels.HERE / "pointwise.cpp", kernels.HERE / "paged_attention.cpp"]

@@ -79,6 +79,7 @@ def test_the_decode_cost_needed_for_a_target_reaches_it_exactly():
     assert scm.decode_token_ms_needed(one_token, costs, target=5.0) == float("inf")
 
 
+@pytest.mark.slow  # a characterization run of a measuring tool; `make test-slow`
 def test_predict_ratios_times_each_size_and_predicts_the_targets():
     """`batchlm-bench predict`: a row per size with positive costs, and the two target lines."""
     proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "predict", "--seqs", "2,8", "--same-kv-seqs", "4",

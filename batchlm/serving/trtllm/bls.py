@@ -13,7 +13,7 @@ stub's heap corruption that dropping it here causes.
 Known defect of tritonserver 2.51 (python_backend r24.10, fixed in r25.04): a BLS error response that is
 not a call's first is saved without its call's id, so it never reaches this iterator, which then waits
 for ever. An engine error after streamed tokens therefore leaves its worker waiting
-(`scripts/repro_bls_threads.py --fail-at 1`); the front's silence sweep answers the client and frees the
+(`python -m tests.functional.bls_threads_repro --fail-at 1`); the front's silence sweep answers the client and frees the
 slot (`TrtllmFrontService`, `engine_silence_timeout_ms`). An error as the first response (not streamed,
 or before any token) arrives. The lost response is filed by the stub as a call of its own; after two or
 more, the stub may deadlock while it destroys them at unload (before `finalize` is called), so the

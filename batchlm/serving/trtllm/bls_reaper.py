@@ -7,7 +7,8 @@ GIL. If Python dropped its share first, the iterator is freed there, with every 
 (each output tensor holds a numpy array), so Python objects are freed without the GIL while Python
 threads run: the stub's heap is corrupted sooner or later (`double free or corruption (fasttop)`, then
 the stub dies and its requests hang). The front of `continuous_batching_trtllm` hit it within 2 to
-14 benchmark runs at 32 in flight (`scripts/stress_trtllm_front.py`).
+14 benchmark runs at 32 in flight. `tests/functional/test_bls_cleanup.py` checks the premise below on
+the real server (`tests/functional/bls_threads_repro.py --noise --remedy`).
 
 How it is avoided: the stub's message thread serves one queue, in order. The cleanup id is queued
 when the iterator yields its final response, and `is_cancelled()` is a round trip through that same

@@ -1,21 +1,23 @@
-#!/usr/bin/env python
 """A minimal reproducer of the Python backend defect behind continuous_batching_trtllm's crash, and of its
 remedy: finished decoupled BLS calls freed by the stub without the GIL. No batchlm code: two tiny models.
 
-    python scripts/repro_bls_threads.py [--concurrency 16] [--requests 1600] [--responses 100] [--noise]
-                                        [--remedy] [--fail-at K] [--work DIR] [-- TRITON_ARGS]
+    .venv/bin/python -m tests.functional.bls_threads_repro [--concurrency 16] [--requests 1600] [--responses 100]
+                     [--noise] [--remedy] [--fail-at K] [--work DIR] [-- TRITON_ARGS]
+
+Not collected by pytest (no `test_` prefix): `tests/functional/test_bls_cleanup.py` runs it with
+`--noise --remedy`; the other modes are for running by hand.
 
 `callee` (decoupled) answers N responses, one per 2 ms step, from its own thread. `caller` (decoupled)
 starts a thread per request that makes one decoupled BLS call to `callee`, iterates its responses and
 answers the client once. Clients: --concurrency gRPC streams, one request at a time each. A request
 unanswered for 30 s counts as stalled. Prints what was answered, which stubs are alive at the end, and
 any heap-corruption line tritonserver logged; exits 1 if a request stalled or a stub died.
-On this project's tritonserver 2.51 (session 18, this script and its scratch predecessor): at 32 in
+On this project's tritonserver 2.51: at 32 in
 flight the caller's stub died after 96 and 320 requests (the second with `thread-pool-size=128`); at 16
 after 80 and 208, at 4 after 232 in one run of two (the other answered all 800); at 2 and at 1, 400 and
 200 requests all finished. The log showed `corrupted size vs. prev_size in fastbins`,
 `malloc_consolidate(): unaligned fastbin chunk detected`, `malloc(): unaligned fastbin chunk detected`,
-or nothing. On session 19's machine the same script answered every request (16 in flight, 1,600
+or nothing. On another machine the same script answered every request (16 in flight, 1,600
 requests, twice; 32 in flight, 3,200, twice): the race below is timing-dependent.
 The cause (python_backend r24.10 source): a finished call's response iterator is shared by Python and
 the stub's routing map, and the map lets go on the stub's message thread, without the GIL. When Python
@@ -26,7 +28,7 @@ cleanup waits behind those log round trips in the stub's one queue. Session 19, 
 caller's stub died after 64 and 29 of 1,600 requests, and in 4 of 6 shorter runs (320 and 480 requests).
 --remedy makes each caller thread ask `is_cancelled()` (a round trip through the same queue) before it
 lets go, so the stub has let go already: 1,600 of 1,600 answered with --noise. The front does the same
-with a `BlsReaper` (batchlm/serving/trtllm/bls_reaper.py); `scripts/stress_trtllm_front.py` measures it there.
+with a `BlsReaper` (batchlm/serving/trtllm/bls_reaper.py).
 """
 
 from __future__ import annotations
