@@ -11,7 +11,7 @@ when streaming), "grpc" (`ModelInfer`, and a `ModelStreamInfer` stream for decou
 503 for an overload, where `/generate` on tritonserver 2.51 answers every model error with 400).
 The client shares the machine with the server, so its own cost per response is part of what it
 measures: on the 2-core machine a streamed response costs this client about 0.55 ms of CPU over gRPC
-and 0.18 ms over HTTP (docs/architecture.md item 16), hence the default.
+and 0.18 ms over HTTP (`batchlm-bench client-cost`), hence the default.
 One LLMClient per thread: tritonclient and requests clients are not thread-safe.
 """
 

@@ -9,7 +9,7 @@ gRPC. Around each run it reads the CPU time of tritonserver and of its backend s
 its own (this process is the client) from getrusage. Prints, and writes to --out as `client_cost.md`,
 per run: output tok/s, client and tritonserver CPU per output token, the stubs' CPU seconds, and p50
 TTFT, inter-token gap and E2E. On a machine the client shares with the server, the client's CPU is
-taken from the engine (docs/architecture.md item 16).
+taken from the engine.
 """
 
 from __future__ import annotations
