@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
-from batchlm.server.triton_server import TritonServer, serve_until_signalled, with_model_control
+from batchlm.server.triton_server import LOOPBACK, TritonServer, serve_until_signalled, with_model_control
 
 TRTLLM_REPOSITORY = PROJECT_ROOT / "docker" / "trtllm" / "model_repository"
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")
@@ -134,6 +134,9 @@ def main() -> int:
     ap.add_argument("--max-num-tokens", type=int, help="tokens in one engine step at most (default 2048)")
     ap.add_argument("--out", type=Path, default=PROJECT_ROOT / ".cache" / "trtllm_repository")
     ap.add_argument("--prepare-only", action="store_true", help="write the repository, do not build or serve")
+    ap.add_argument("--address", default=LOOPBACK,
+                    help="the address HTTP, gRPC and metrics bind (default 127.0.0.1; a container publishing "
+                         "its ports needs 0.0.0.0: see docs/operations.md, Security)")
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
@@ -147,10 +150,9 @@ def main() -> int:
                   (("model_dir", args.model_dir), ("dtype", args.dtype), ("max_num_tokens", args.max_num_tokens))
                   if value is not None]
     ensure_engine(args.engine_dir, args.trtllm_python, args.rebuild, build_args)
-    extra, admin_header = with_model_control([])
     server = TritonServer(model_repository=repository, http_port=args.http_port, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port, show_output=True, extra_args=tuple(extra),
-                          admin_header=admin_header)
+                          metrics_port=args.metrics_port, show_output=True,
+                          extra_args=tuple(with_model_control([])), address=args.address)
     return serve_until_signalled(server)
 
 

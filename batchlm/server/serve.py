@@ -6,9 +6,10 @@
 Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT. `make serve` runs the set-up first. The
 server's log goes to this terminal, or with `--log` to that file.
 
-The server runs in explicit model control with every model loaded at start
-(`--model-control-mode=explicit --load-model=*`), its repository API restricted to this script (a
-header with a random value), unless the extra arguments choose a mode. SIGINT,
+The server binds 127.0.0.1 unless `--address` says otherwise. It runs in explicit model control with
+every model loaded at start (`--model-control-mode=explicit --load-model=*`) unless the extra arguments
+choose a mode; its administrative APIs (model repository, shared memory, logging, trace) answer only
+this command (a header with a random value). SIGINT,
 SIGTERM or SIGHUP drain it: every model is unloaded through the repository API, so requests parked in
 static_batching or waiting in a queue are answered UNAVAILABLE and running ones finish; then the server
 gets its SIGTERM. A second signal while draining stops it at once. In another model control mode the
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 from batchlm.paths import DEFAULT_REPOSITORY
-from batchlm.server.triton_server import TritonServer, serve_until_signalled, with_model_control
+from batchlm.server.triton_server import LOOPBACK, TritonServer, serve_until_signalled, with_model_control
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,17 +33,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    ap.add_argument("--address", default=LOOPBACK,
+                    help="the address HTTP, gRPC and metrics bind (default: 127.0.0.1, this machine only); "
+                         "0.0.0.0 serves every network the machine is on, with no authentication: "
+                         "see docs/operations.md, Security")
     ap.add_argument("--log", type=Path, default=None, help="write the server log here (default: terminal)")
     ap.add_argument("--drain-timeout", type=float, default=60.0,
                     help="seconds a signal waits for the models to unload before stopping anyway")
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args(argv)
 
-    extra, admin_header = with_model_control(args.extra)
     server = TritonServer(
         model_repository=args.model_repository.resolve(), http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
-        show_output=args.log is None, extra_args=tuple(extra), admin_header=admin_header,
+        show_output=args.log is None, extra_args=tuple(with_model_control(args.extra)), address=args.address,
     )
     return serve_until_signalled(server, args.drain_timeout)
 

@@ -61,6 +61,11 @@ class TritonInstall:
         )
 
 
+LOOPBACK = "127.0.0.1"
+ADMIN_HEADER = "batchlm-admin"  # the header the restricted APIs ask for
+# The administrative APIs (Triton's names): restricted on every server the project starts. Inference,
+# health, metadata, model configuration and statistics stay open to every client that reaches the port.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
 NGC_BACKENDS = Path("/opt/tritonserver/backends")  # where an NGC container's tritonserver has its backends
 _HANDED_OUT: set[int] = set()  # ports free_port() returned in this process
 
@@ -91,9 +96,12 @@ class TritonServer:
     # With no log_path: True sends the server's output to this process's stdout and stderr, False drops it.
     show_output: bool = False
     extra_args: tuple[str, ...] = ()
-    # A header (name, value) that drain() sends: the one the server's repository API is restricted to
-    # (`--http-restricted-api`), if it is.
-    admin_header: tuple[str, str] | None = None
+    # The address HTTP, gRPC and metrics bind: loopback unless the caller asks for another (0.0.0.0 is
+    # every interface; Triton itself has no authentication, see docs/operations.md, "Security").
+    address: str = LOOPBACK
+    # The APIs that answer only requests carrying `admin_header` (over HTTP and gRPC): loading and
+    # unloading models, shared-memory registration, log and trace settings. Empty: none restricted.
+    restricted_apis: tuple[str, ...] = RESTRICTED_APIS
     install: TritonInstall | None = None
     # On SIGTERM: the most seconds tritonserver waits for requests in flight to end and models to unload
     # before it exits anyway (Triton's --exit-timeout-secs).
@@ -102,20 +110,55 @@ class TritonServer:
     # Python backend shared-memory regions of this server are named with this prefix, so stop() can
     # remove the ones a killed stub leaves in /dev/shm.
     shm_prefix: str = field(default_factory=lambda: f"batchlm_{uuid.uuid4().hex[:12]}_", init=False)
+    # The value of ADMIN_HEADER that the restricted APIs ask for: made at random for each server object.
+    admin_token: str = field(default_factory=lambda: secrets.token_hex(16), init=False, repr=False)
     _log_file: object = field(default=None, init=False, repr=False)
     _log_start: int = field(default=0, init=False, repr=False)  # where this start's lines begin in log_path
 
     @property
+    def host(self) -> str:
+        """Where this machine's clients reach the server: loopback where it binds every interface."""
+        return LOOPBACK if self.address in ("0.0.0.0", LOOPBACK) else self.address
+
+    @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self.host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def admin_header(self) -> tuple[str, str] | None:
+        """The header (name, value) the restricted APIs ask for, or None where this object restricts none."""
+        return (ADMIN_HEADER, self.admin_token) if self._restricts() else None
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """`admin_header` as HTTP request headers (empty where nothing is restricted)."""
+        return dict([self.admin_header]) if self.admin_header else {}
+
+    @property
+    def grpc_admin_headers(self) -> dict[str, str]:
+        """`admin_header` as gRPC metadata: tritonserver asks for the name behind `triton-grpc-protocol-`."""
+        return {f"triton-grpc-protocol-{name}": value for name, value in self.admin_headers.items()}
+
+    def _restricts(self) -> bool:
+        # NOTE: restrictions given in extra_args replace these (tritonserver takes one key per API)
+        return bool(self.restricted_apis) and not any(
+            a.startswith(("--http-restricted-api", "--grpc-restricted-protocol")) for a in self.extra_args)
+
+    def restriction_args(self) -> list[str]:
+        """tritonserver arguments that restrict `restricted_apis` to requests with `admin_header`."""
+        if not self._restricts():
+            return []
+        apis = ",".join(self.restricted_apis)
+        return [f"--http-restricted-api={apis}:{ADMIN_HEADER}={self.admin_token}",
+                f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={self.admin_token}"]
 
     @property
     def drainable(self) -> bool:
@@ -128,10 +171,14 @@ class TritonServer:
             str(install.binary),
             f"--model-repository={self.model_repository}",
             f"--backend-directory={install.backend_dir}",
+            f"--http-address={self.address}",
             f"--http-port={self.http_port}",
+            f"--grpc-address={self.address}",
             f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.address}",
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
+            *self.restriction_args(),
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *self.extra_args,
@@ -240,7 +287,7 @@ class TritonServer:
         unloading anything."""
         base = f"http://{self.http_url}/v2/repository"
 
-        headers = dict([self.admin_header]) if self.admin_header else {}
+        headers = self.admin_headers
 
         def post(path: str) -> bytes:
             request = urllib.request.Request(f"{base}/{path}", data=b"{}", method="POST", headers=headers)
@@ -322,8 +369,6 @@ def process_tree(root: int) -> list[int]:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-ADMIN_HEADER = "batchlm-admin"
-
 
 def model_control_mode(args: list[str] | tuple[str, ...]) -> str:
     """The model control mode that tritonserver arguments `args` choose: the last
@@ -338,23 +383,16 @@ def model_control_mode(args: list[str] | tuple[str, ...]) -> str:
     return mode
 
 
-def with_model_control(extra: list[str] | tuple[str, ...]) -> tuple[list[str], tuple[str, str] | None]:
+def with_model_control(extra: list[str] | tuple[str, ...]) -> list[str]:
     """tritonserver arguments for the serve commands: `extra`, with explicit model control and every
-    model loaded at start added where `extra` chooses no mode of its own; and the header that
-    `TritonServer.drain()` must send, or None.
-
-    Where the mode is added here, the repository API (index, load, unload) is restricted, over HTTP and
-    gRPC, to requests that carry a header with a random value made for this server, so only the serve
-    command can unload models, as without explicit model control no client could. A mode chosen in
-    `extra` leaves the API as `extra` sets it."""
+    model loaded at start added where `extra` chooses no mode of its own (a mode chosen in `extra` is
+    kept). The repository API that explicit control opens is restricted like every administrative API
+    of a `TritonServer` (`TritonServer.restricted_apis`), so only the serve command, which holds the
+    header, can unload models, as without explicit model control no client could."""
     extra = list(extra)
     if any(a == "--model-control-mode" or a.startswith("--model-control-mode=") for a in extra):
-        return extra, None
-    token = secrets.token_hex(16)
-    added = ["--model-control-mode=explicit", "--load-model=*",
-             f"--http-restricted-api=model-repository:{ADMIN_HEADER}={token}",
-             f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={token}"]
-    return [*added, *extra], (ADMIN_HEADER, token)
+        return extra
+    return ["--model-control-mode=explicit", "--load-model=*", *extra]
 
 
 def serve_until_signalled(server: TritonServer, drain_timeout: float = 60.0, start_timeout: float = 900.0) -> int:

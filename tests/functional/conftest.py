@@ -71,3 +71,16 @@ def held_by_http_connections(log_text: str) -> bool:
     then none); a connection held by a request that is never answered is counted to the end (15 lines,
     then "Exit timeout expired", which callers that expect a clean exit check on their own)."""
     return log_text.count("HTTP service connections") > 2
+
+
+def repository_api(server, model: str, action: str, config: dict | None = None, timeout: float = 300):
+    """POST the repository API's `load` or `unload` of `model`, with the header its restriction asks for
+    (every server the project starts restricts it); `config` (load only) replaces the model's
+    config.pbtxt. Returns the response."""
+    import json
+
+    import requests
+
+    body = {} if config is None else {"parameters": {"config": json.dumps(config)}}
+    return requests.post(f"http://{server.http_url}/v2/repository/models/{model}/{action}", json=body,
+                         headers=server.admin_headers, timeout=timeout)

@@ -86,14 +86,14 @@ def test_a_streamed_grpc_run_leaves_the_model_free_to_unload(server):
     assert measure(config, requests_, {})["summary"]["num_ok"] == len(requests_)
     before = {pid for pid, model in server.stubs().items() if model == "continuous_batching"}
     repository = f"http://{server.http_url}/v2/repository/models/continuous_batching"
-    assert http.post(f"{repository}/unload", timeout=60).status_code == 200
+    assert http.post(f"{repository}/unload", headers=server.admin_headers, timeout=60).status_code == 200
     try:
         deadline = time.monotonic() + 15
         while before & set(server.stubs()) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not before & set(server.stubs()), "continuous_batching did not unload after the run"
     finally:
-        assert http.post(f"{repository}/load", timeout=300).status_code == 200
+        assert http.post(f"{repository}/load", headers=server.admin_headers, timeout=300).status_code == 200
 
 
 def test_infer_transport_measures_request_level_models_and_refuses_a_decoupled_one(server):

@@ -1,6 +1,5 @@
 """continuous_batching: per-step scheduling, streaming, cancellation frees KV within a check period."""
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,7 +8,7 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from client.triton_llm import LLMClient, grpc_inputs, request_fields
-from tests.functional.conftest import metric_reaches, metric_value
+from tests.functional.conftest import metric_reaches, metric_value, repository_api
 
 MODEL = "continuous_batching"
 
@@ -74,17 +73,16 @@ def test_stream_interval_coalesces_tokens(server):
             client.close()
 
     base = stream("Once upon a time")
-    url = f"http://{server.http_url}/v2/repository/models/{MODEL}/load"
     config = requests.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
     config["parameters"]["stream_interval"] = {"string_value": "4"}
-    r = requests.post(url, json={"parameters": {"config": json.dumps(config)}}, timeout=300)
+    r = repository_api(server, MODEL, "load", config)
     assert r.status_code == 200, r.text
     try:
         coalesced = stream("Once upon a time")
     finally:  # back to the repository's config.pbtxt: a load alone would keep the override
-        r = requests.post(url.replace("/load", "/unload"), timeout=120)
+        r = repository_api(server, MODEL, "unload", timeout=120)
         assert r.status_code == 200, r.text
-        r = requests.post(url, timeout=300)
+        r = repository_api(server, MODEL, "load")
         assert r.status_code == 200, r.text
     counts = [c.num_output_tokens for c in coalesced]
     assert counts[0] == base[0].num_output_tokens, "the first text waited for the interval"
@@ -171,7 +169,7 @@ def test_unload_drains_streams_in_flight(server):
         while time.monotonic() < deadline and min(len(e) for e in events.values()) < 5:
             time.sleep(0.05)
         assert min(len(e) for e in events.values()) >= 5, "the streams did not start"
-        r = requests.post(f"http://{server.http_url}/v2/repository/models/{MODEL}/unload", timeout=120)
+        r = repository_api(server, MODEL, "unload", timeout=120)
         assert r.status_code == 200
         assert requests.get(f"http://{server.http_url}/v2/models/{MODEL}/ready", timeout=10).status_code != 200
         deadline = time.monotonic() + 60
@@ -191,7 +189,7 @@ def test_unload_drains_streams_in_flight(server):
         for c in clients:
             c.stop_stream()
             c.close()
-        r = requests.post(f"http://{server.http_url}/v2/repository/models/{MODEL}/load", timeout=300)
+        r = repository_api(server, MODEL, "load", timeout=300)
         assert r.status_code == 200
     client = _client(server)
     try:
@@ -204,11 +202,10 @@ def test_overload_refuses_beyond_max_waiting_however_the_engine_thread_is_timed(
     """With one sequence slot held by a long request, `max_waiting` 4 admits exactly 4 of a burst of 24
     and refuses 20. Before, requests the engine thread had just taken from the inbox were counted
     nowhere until its next step ended, so a burst arriving during steps got far more than 4 in."""
-    url = f"http://{server.http_url}/v2/repository/models/{MODEL}/load"
     config = requests.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
     config["parameters"]["max_num_seqs"] = {"string_value": "1"}
     config["parameters"]["max_waiting"] = {"string_value": "4"}
-    r = requests.post(url, json={"parameters": {"config": json.dumps(config)}}, timeout=300)
+    r = repository_api(server, MODEL, "load", config)
     assert r.status_code == 200, r.text
     generate = f"http://{server.http_url}/v2/models/{MODEL}/generate"
 
@@ -224,9 +221,9 @@ def test_overload_refuses_beyond_max_waiting_however_the_engine_thread_is_timed(
             burst = list(pool.map(send, [1] * 24))
             long_done, long_status, _ = long.result(300)
     finally:  # back to the repository's config.pbtxt: a load alone would keep the override
-        r = requests.post(url.replace("/load", "/unload"), timeout=120)
+        r = repository_api(server, MODEL, "unload", timeout=120)
         assert r.status_code == 200, r.text
-        r = requests.post(url, timeout=300)
+        r = repository_api(server, MODEL, "load")
         assert r.status_code == 200, r.text
     refused = [body for _, status, body in burst if status != 200]
     assert long_status == 200 and len(burst) - len(refused) == 4, [s for _, s, _ in burst]

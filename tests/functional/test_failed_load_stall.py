@@ -44,8 +44,8 @@ def test_a_stop_after_a_refused_load_waits_out_the_exit_timeout(tmp_path, case):
         config = requests.get(f"{base}/models/{MODEL}/config", headers=ONCE, timeout=30).json()
         if case == "refused":
             config["max_batch_size"] = 16
-        r = requests.post(f"{base}/repository/models/{MODEL}/load", headers=ONCE, timeout=300,
-                          json={"parameters": {"config": json.dumps(config)}})
+        r = requests.post(f"{base}/repository/models/{MODEL}/load", headers={**ONCE, **server.admin_headers},
+                          json={"parameters": {"config": json.dumps(config)}}, timeout=300)
         assert r.status_code == (400 if case == "refused" else 200), r.text
         assert case != "refused" or "max_batch_size: 16 rows exceed max_num_seqs" in r.text, r.text
         assert requests.get(f"{base}/models/{MODEL}/ready", headers=ONCE, timeout=30).status_code == 200

@@ -12,7 +12,7 @@ import requests
 from batchlm.server.triton_server import TritonServer, free_port
 from batchlm.serving.instance_claim import InstanceClaim
 from client.triton_llm import LLMClient, RequestFailed
-from tests.functional.conftest import held_by_http_connections, metric_reaches, metric_value
+from tests.functional.conftest import held_by_http_connections, metric_reaches, metric_value, repository_api
 
 BATCH = 8
 PROTOCOLS = ("http", "infer", "grpc")
@@ -74,7 +74,7 @@ def test_unload_fails_parked_requests_with_unavailable(server):
     with ThreadPoolExecutor(3) as pool:
         parked = {protocol: pool.submit(_send, server, i, protocol) for i, protocol in enumerate(PROTOCOLS)}
         time.sleep(2.0)
-        r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/unload", timeout=60)
+        r = repository_api(server, "static_batching", "unload", timeout=60)
         assert r.status_code == 200
         errors = {}
         for protocol, f in parked.items():
@@ -104,7 +104,7 @@ def test_an_unload_right_after_the_first_requests_park_fails_them(server):
             while _executions(server) - executions != 3:  # execute() parks a request and returns
                 assert time.monotonic() < deadline, "the requests were not parked"
                 time.sleep(0.01)
-            r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/unload", timeout=60)
+            r = repository_api(server, "static_batching", "unload", timeout=60)
             assert r.status_code == 200
             answers = {protocol: _failure(f) for protocol, f in parked.items()}
         for protocol, (status, message) in answers.items():
@@ -120,9 +120,7 @@ def _executions(server) -> int:
 
 def _load(server, config: dict | None = None) -> None:
     """(Re)load static_batching from the repository, or with `config` (JSON) instead of its config.pbtxt."""
-    body = {} if config is None else {"parameters": {"config": json.dumps(config)}}
-    r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/load", json=body,
-                      timeout=300)
+    r = repository_api(server, "static_batching", "load", config)
     assert r.status_code == 200, r.text
 
 
@@ -187,7 +185,7 @@ def test_a_reload_fails_the_old_instances_parked_requests(server):
 def _reload_from_repository(server) -> None:
     """Back to the repository's config.pbtxt. A load alone would not do it: Triton sees the model's files
     unchanged and keeps the override."""
-    r = requests.post(f"http://{server.http_url}/v2/repository/models/static_batching/unload", timeout=60)
+    r = repository_api(server, "static_batching", "unload", timeout=60)
     assert r.status_code == 200, r.text
     _load(server)
     config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
@@ -311,8 +309,7 @@ def test_a_config_that_could_not_run_is_refused_at_load(server, model, path, val
     for part in path[:-1]:
         target = target[part]
     target[path[-1]] = value
-    r = requests.post(f"http://{server.http_url}/v2/repository/models/{model}/load",
-                      json={"parameters": {"config": json.dumps(config)}}, timeout=300)
+    r = repository_api(server, model, "load", config)
     try:
         assert r.status_code == 400 and said in r.json()["error"], r.text
         assert requests.get(url, timeout=30).json() == original
@@ -325,6 +322,5 @@ def test_a_config_that_could_not_run_is_refused_at_load(server, model, path, val
                 llm.close()
     finally:  # only if the override loaded after all: back to the repository's config.pbtxt
         if requests.get(url, timeout=30).json() != original:
-            requests.post(f"http://{server.http_url}/v2/repository/models/{model}/unload", timeout=120)
-            assert requests.post(f"http://{server.http_url}/v2/repository/models/{model}/load",
-                                 timeout=300).status_code == 200
+            repository_api(server, model, "unload", timeout=120)
+            assert repository_api(server, model, "load", timeout=300).status_code == 200

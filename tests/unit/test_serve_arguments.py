@@ -1,22 +1,54 @@
-"""The serve commands' tritonserver arguments: explicit model control, its repository API restricted to
-the serve command, unless the caller chose a mode; and whether a server so started can be drained."""
+"""The tritonserver arguments of every server the project starts: loopback unless asked, the
+administrative APIs restricted to a header only the starter holds; the serve commands' explicit model
+control unless the caller chose a mode; and whether a server so started can be drained."""
 
 import os
 
 import pytest
 
 from batchlm.server import triton_server
-from batchlm.server.triton_server import ADMIN_HEADER, TritonServer, model_control_mode, with_model_control
+from batchlm.server.triton_server import (ADMIN_HEADER, RESTRICTED_APIS, TritonServer, model_control_mode,
+                                          with_model_control)
 
 
-def test_no_mode_given_adds_explicit_control_with_every_model_loaded_and_the_api_restricted():
-    extra, header = with_model_control(["--log-verbose=1"])
-    name, token = header
-    assert name == ADMIN_HEADER and len(token) == 32
-    assert extra == ["--model-control-mode=explicit", "--load-model=*",
-                     f"--http-restricted-api=model-repository:{name}={token}",
-                     f"--grpc-restricted-protocol=model-repository:{name}={token}", "--log-verbose=1"]
-    assert with_model_control([])[1][1] != token  # a new value for every server
+def _fake_install(tmp_path):
+    _fake_triton(tmp_path)
+    return triton_server.TritonInstall(tmp_path / "bin" / "tritonserver", tmp_path / "backends")
+
+
+def test_every_server_binds_loopback_and_restricts_the_administrative_apis(tmp_path):
+    server = TritonServer(install=_fake_install(tmp_path))
+    command = server.command()
+    for flag in ("--http-address", "--grpc-address", "--metrics-address"):
+        assert f"{flag}=127.0.0.1" in command
+    name, token = server.admin_header
+    assert name == ADMIN_HEADER and len(token) == 32 and server.admin_headers == {name: token}
+    apis = ",".join(RESTRICTED_APIS)
+    assert f"--http-restricted-api={apis}:{name}={token}" in command
+    assert f"--grpc-restricted-protocol={apis}:{name}={token}" in command
+    assert set(RESTRICTED_APIS) == {"model-repository", "shared-memory", "logging", "trace"}
+    assert TritonServer(install=server.install).admin_token != token  # a new value for every server
+    assert server.http_url == "127.0.0.1:8000" and server.metrics_url == "http://127.0.0.1:8002/metrics"
+
+
+def test_another_address_is_bound_only_when_asked(tmp_path):
+    everywhere = TritonServer(install=_fake_install(tmp_path), address="0.0.0.0")
+    assert "--http-address=0.0.0.0" in everywhere.command() and everywhere.http_url == "127.0.0.1:8000"
+    one = TritonServer(install=everywhere.install, address="10.1.2.3")
+    assert "--grpc-address=10.1.2.3" in one.command() and one.grpc_url == "10.1.2.3:8001"
+
+
+def test_restrictions_given_by_the_caller_replace_the_defaults_and_none_can_be_asked(tmp_path):
+    own = ("--http-restricted-api=model-repository:k=v",)
+    server = TritonServer(install=_fake_install(tmp_path), extra_args=own)
+    assert server.admin_header is None and server.admin_headers == {}
+    assert [a for a in server.command() if "restricted" in a] == list(own)
+    assert not [a for a in TritonServer(install=server.install, restricted_apis=()).command() if "restricted" in a]
+
+
+def test_no_mode_given_adds_explicit_control_with_every_model_loaded():
+    extra = with_model_control(["--log-verbose=1"])
+    assert extra == ["--model-control-mode=explicit", "--load-model=*", "--log-verbose=1"]
     assert TritonServer(extra_args=tuple(extra)).drainable
 
 
@@ -30,7 +62,7 @@ def test_no_mode_given_adds_explicit_control_with_every_model_loaded_and_the_api
     (["--model-control-mode"], False),
 ])
 def test_a_mode_given_is_kept_as_it_is_and_only_explicit_control_is_drained(extra, drainable):
-    assert with_model_control(extra) == (extra, None)
+    assert with_model_control(extra) == extra
     assert TritonServer(extra_args=tuple(extra)).drainable is drainable
 
 

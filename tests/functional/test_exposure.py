@@ -1,0 +1,84 @@
+"""What a server the project starts exposes: its three ports on loopback only, inference open, and the
+administrative APIs (model repository, shared memory, logging, trace) refused to a client without the
+header only the starter holds, over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from client.triton_llm import LLMClient
+
+ADMIN_ROUTES = [  # (method, path) of each restricted HTTP API
+    ("POST", "/v2/repository/index"),
+    ("POST", "/v2/repository/models/static_batching/unload"),
+    ("POST", "/v2/repository/models/static_batching/load"),
+    ("GET", "/v2/systemsharedmemory/status"),
+    ("GET", "/v2/logging"),
+    ("GET", "/v2/trace/setting"),
+]
+
+
+def _other_addresses() -> list[str]:
+    """This machine's IPv4 addresses that are not loopback."""
+    found = set()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:  # NOTE: connect() on UDP sends nothing; it only picks the interface a route would use
+            s.connect(("192.0.2.1", 9))
+            found.add(s.getsockname()[0])
+        except OSError:
+            pass
+    for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+        found.add(info[4][0])
+    return sorted(a for a in found if not a.startswith("127."))
+
+
+def test_no_port_listens_beyond_loopback(server):
+    others = _other_addresses()
+    if not others:
+        pytest.skip("this machine has no address besides loopback to try")
+    for address in others:
+        for port in (server.http_port, server.grpc_port, server.metrics_port):
+            with socket.socket() as s:
+                s.settimeout(2)
+                assert s.connect_ex((address, port)) != 0, f"port {port} answers on {address}"
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=2):
+        pass  # and loopback does
+
+
+@pytest.mark.parametrize("method, path", ADMIN_ROUTES)
+def test_administrative_http_apis_refuse_a_client_without_the_header(server, method, path):
+    url = f"http://{server.http_url}{path}"
+    refused = requests.request(method, url, json={}, timeout=30)
+    assert refused.status_code == 403 and "restricted" in refused.text, (refused.status_code, refused.text)
+    assert requests.get(f"http://{server.http_url}/v2/models/static_batching/ready", timeout=30).status_code == 200
+    if path.endswith(("/index", "/status", "/logging", "/setting")):  # the starter's header opens them
+        assert requests.request(method, url, json={}, headers=server.admin_headers, timeout=30).status_code == 200
+
+
+def test_administrative_grpc_apis_refuse_a_client_without_the_header(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for call in (client.get_model_repository_index, lambda: client.unload_model("static_batching"),
+                     client.get_system_shared_memory_status, client.get_log_settings):
+            with pytest.raises(InferenceServerException) as refused:
+                call()
+            # NOTE: tritonserver 2.51 refuses with UNAVAILABLE over gRPC; the message tells it from overload
+            assert "This protocol is restricted" in str(refused.value), str(refused.value)
+        assert client.is_model_ready("static_batching")
+        index = client.get_model_repository_index(headers=server.grpc_admin_headers)
+        assert {m.name for m in index.models} >= {"static_batching", "dynamic_batching", "continuous_batching"}
+    finally:
+        client.close()
+
+
+def test_inference_stays_open_to_every_client(server):
+    llm = LLMClient(server.http_url, server.grpc_url, timeout=120)
+    try:
+        assert llm.generate("continuous_batching", "Still open", 3, ignore_eos=True).num_output_tokens == 3
+    finally:
+        llm.close()
