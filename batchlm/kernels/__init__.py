@@ -13,10 +13,14 @@ loaded: a changed source or a different CPU gets a new file name.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import json
 import logging
+import os
 import platform
 import subprocess
+import tempfile
 from pathlib import Path
 
 import torch
@@ -64,29 +68,54 @@ def _compile_command(out: Path) -> list[str]:
             f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
 
 
+def _key_parts() -> dict[str, str]:
+    """What a library is built from, each part hashed: its sources, and the torch, flags and CPU it is for."""
+    sources = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES + HEADERS)).hexdigest()
+    target = hashlib.sha256("\n".join((torch.__version__, " ".join(CXXFLAGS), _cpu_signature())).encode())
+    return {"sources": sources[:16], "target": target.hexdigest()[:16]}
+
+
 def library_path() -> Path:
     """Where the library for this source, torch, flags and CPU lives (built or not)."""
-    h = hashlib.sha256()
-    for src in SOURCES + HEADERS:
-        h.update(src.read_bytes())
-    h.update(torch.__version__.encode())
-    h.update(" ".join(CXXFLAGS).encode())
-    h.update(_cpu_signature().encode())
-    return BUILD_DIR / f"batchlm_kernels-{h.hexdigest()[:16]}.so"
+    parts = _key_parts()
+    key = hashlib.sha256((parts["sources"] + parts["target"]).encode()).hexdigest()[:16]
+    return BUILD_DIR / f"batchlm_kernels-{key}.so"
 
 
 def build(force: bool = False) -> Path:
-    """Compile the library unless it is already built; returns its path. Raises CalledProcessError."""
-    out = library_path()
-    if out.exists() and not force:
-        return out
+    """Compile the library unless it is already built; returns its path. Raises CalledProcessError.
+
+    Safe to run from several processes at once (two set-ups of one checkout, say): one builds while the
+    others wait on a lock and then find it built. Each build compiles to a temporary file of its own and
+    renames it into place, so a loader never sees half a file. Libraries of other torch versions, flags or
+    CPUs (a checkout shared by machines or images) are kept; only this target's libraries of older
+    sources are removed."""
     BUILD_DIR.mkdir(exist_ok=True)
-    tmp = out.with_suffix(".tmp.so")
-    subprocess.run(_compile_command(tmp), check=True)
-    tmp.replace(out)  # NOTE: atomic: a concurrent loader never sees half a file
-    for stale in BUILD_DIR.glob("batchlm_kernels-*.so"):
-        if stale != out:
-            stale.unlink(missing_ok=True)
+    out = library_path()
+    with open(BUILD_DIR / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # NOTE: released when the file closes, however this ends
+        if out.exists() and not force:
+            return out
+        fd, tmp_name = tempfile.mkstemp(dir=BUILD_DIR, prefix=".building-", suffix=".so")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            subprocess.run(_compile_command(tmp), check=True)
+            tmp.replace(out)  # NOTE: atomic: a concurrent loader never sees half a file
+        finally:
+            tmp.unlink(missing_ok=True)
+        parts = _key_parts()
+        out.with_suffix(".json").write_text(json.dumps(parts))
+        for other in BUILD_DIR.glob("batchlm_kernels-*.json"):
+            if other == out.with_suffix(".json"):
+                continue
+            try:
+                stale = json.loads(other.read_text())["target"] == parts["target"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if stale:  # NOTE: the same torch, flags and CPU: built from sources that are gone
+                other.with_suffix(".so").unlink(missing_ok=True)
+                other.unlink(missing_ok=True)
     return out
 
 

@@ -62,3 +62,42 @@ def test_a_missing_library_is_said_not_silent(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
     assert "batchlm kernels are not built for this source, torch and CPU" in proc.stderr
     assert "using the torch path" in proc.stderr
+
+
+BUILDER = """
+import json, sys
+from pathlib import Path
+from batchlm import kernels
+kernels.BUILD_DIR = Path(sys.argv[1])
+log = sys.argv[2]
+# a stand-in compiler: says when it starts and ends, and writes the output file late
+kernels._compile_command = lambda out: ["sh", "-c", f"echo start $(date +%s.%N) >> {log}; sleep 0.4; "
+                                        f"echo lib > {out}; echo end $(date +%s.%N) >> {log}"]
+print(kernels.build(force=True))
+"""
+
+
+def test_two_builds_at_once_take_turns_and_keep_other_targets_libraries(tmp_path):
+    """Two set-ups of one checkout build at once: one compiles while the other waits on the lock, each
+    into a temporary file of its own; the library ends whole; the library of another torch or CPU stays,
+    and only this target's library of older sources goes."""
+    import json
+    import sys
+
+    build_dir, log = tmp_path / "build", tmp_path / "compiles.log"
+    build_dir.mkdir()
+    target = kernels._key_parts()["target"]
+    for name, parts in (("other", {"sources": "s", "target": "f" * 16}), ("stale", {"sources": "s", "target": target})):
+        (build_dir / f"batchlm_kernels-{name}.so").write_text(name)
+        (build_dir / f"batchlm_kernels-{name}.json").write_text(json.dumps(parts))
+    runs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(build_dir), str(log)], stdout=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    outs = [run.communicate(timeout=120)[0].strip() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    built = build_dir / kernels.library_path().name
+    assert outs == [str(built)] * 2 and built.read_text() == "lib\n"
+    events = [line.split() for line in log.read_text().splitlines()]
+    assert [kind for kind, _ in events] == ["start", "end", "start", "end"], events  # never two at once
+    assert (build_dir / "batchlm_kernels-other.so").exists(), "another target's library was deleted"
+    assert not (build_dir / "batchlm_kernels-stale.so").exists(), "this target's stale library was kept"
+    assert not list(build_dir.glob(".building-*")), "a temporary file was left behind"
