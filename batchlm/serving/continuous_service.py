@@ -31,6 +31,7 @@ class _Active:
     """A request the engine thread is serving: where to send, what is buffered, when it arrived."""
 
     request: GenerateRequest
+    prompt_ids: list[int]  # tokenized on the submitting thread, not on the engine thread
     sender: object
     arrival: float
     buffer: StreamBuffer
@@ -79,6 +80,9 @@ class ContinuousBatchingService:
         arrival = time.monotonic()
         try:
             request = triton_io.parse_request(raw_request)
+            # NOTE: tokenized here, on Triton's thread: a long prompt's tokenization never holds up the
+            # engine thread's steps, and a request that could never run is refused before it queues
+            prompt_ids = self._engine.check_fits(request.prompt, request.params)
         except InvalidArgument as exc:
             triton_io.send_final(sender, triton_io.error_response(exc))
             return
@@ -91,7 +95,8 @@ class ContinuousBatchingService:
             else:
                 error = None
                 buffer = StreamBuffer(request.stream, self._stream_interval)
-                self._inbox.append((f"req-{next(self._ids)}", _Active(request, sender, arrival, buffer)))
+                active = _Active(request, prompt_ids, sender, arrival, buffer)
+                self._inbox.append((f"req-{next(self._ids)}", active))
                 self._wake.notify()
         if error is not None:
             triton_io.send_final(sender, triton_io.error_response(error))
@@ -149,7 +154,7 @@ class ContinuousBatchingService:
     def _admit(self, incoming: list[tuple[str, _Active]]) -> None:
         for request_id, active in incoming:
             try:
-                self._engine.add_request(request_id, active.request.prompt, active.request.params)
+                self._engine.add_request(request_id, active.prompt_ids, active.request.params)
             except InvalidArgument as exc:
                 triton_io.send_final_quietly(active.sender, triton_io.error_response(exc))
                 continue

@@ -72,11 +72,13 @@ def parse_inputs(inputs: Mapping[str, np.ndarray]) -> GenerateRequest:
         if required and name not in inputs:
             raise InvalidArgument(name, "is required")
 
-    prompt = _text(_scalar(inputs, "text_input"), "text_input")
+    raw = _scalar(inputs, "text_input")
+    # NOTE: the size is checked on the bytes as they came, before anything decodes or tokenizes them
+    if len(raw if isinstance(raw, (bytes, np.bytes_)) else str(raw).encode()) > MAX_PROMPT_BYTES:
+        raise InvalidArgument("text_input", f"is longer than {MAX_PROMPT_BYTES} bytes")
+    prompt = _text(raw, "text_input")
     if not prompt:
         raise InvalidArgument("text_input", "must not be empty")
-    if len(prompt.encode()) > MAX_PROMPT_BYTES:
-        raise InvalidArgument("text_input", f"is longer than {MAX_PROMPT_BYTES} bytes")
 
     params: dict[str, object] = {"max_tokens": _int(inputs, "max_tokens")}
     if "temperature" in inputs:
