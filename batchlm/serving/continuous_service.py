@@ -5,6 +5,12 @@ builds it, see `batchlm.engine.owner_thread`): each turn it admits new requests,
 `CancellationWatcher` found cancelled, runs one `step()` and sends what it produced.
 `close()` stops the thread and fails every pending request with UNAVAILABLE, so unload and shutdown
 are prompt and no request is dropped silently.
+
+No request is left unanswered: whatever raises on the engine thread fails only the requests it touches
+with INTERNAL (a request that could not be added, every request of a failed step) and the thread goes
+on; a failed metrics push or abort is logged and fails nothing. If the thread itself cannot go on, every
+request it held and every later one is failed at once with INTERNAL "the engine thread stopped".
+`fault_injection` (batchlm.serving.fault_injection) makes each of these happen on purpose.
 """
 
 from __future__ import annotations
@@ -21,9 +27,17 @@ from batchlm.engine.request_output import RequestOutput
 from batchlm.errors import InvalidArgument, Unavailable
 from batchlm.serving import triton_io
 from batchlm.serving.cancellation_watcher import CancellationWatcher
+from batchlm.serving.fault_injection import FaultInjector
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.request_schema import GenerateRequest
 from batchlm.serving.stream_buffer import StreamBuffer
+
+
+class EngineStopped(RuntimeError):
+    """The engine thread has stopped: the model answers INTERNAL until it is reloaded."""
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 @dataclass
@@ -41,7 +55,8 @@ class _Active:
 
 class ContinuousBatchingService:
     def __init__(self, build_engine: Callable[[], LLMEngine], metrics: ModelMetrics, max_waiting: int,
-                 cancel_check_interval: float, stream_interval: int, model_name: str) -> None:
+                 cancel_check_interval: float, stream_interval: int, model_name: str,
+                 fault_injection: str = "") -> None:
         """Builds the engine on the engine thread and returns when it is built (or raises).
 
         A streamed request gets its first text as soon as it exists, then a response once
@@ -55,11 +70,13 @@ class ContinuousBatchingService:
         self._name = model_name  # in errors: a copy of the model under another name says its own
         self._max_waiting = max_waiting
         self._stream_interval = stream_interval
+        self._faults = FaultInjector.parse(fault_injection)
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._inbox: list[tuple[str, _Active]] = []  # guarded by _lock
         self._closed = False  # guarded by _lock
+        self._stopped: str | None = None  # why the engine thread stopped, if it did; guarded by _lock
         self._active: dict[str, _Active] = {}  # owned by the engine thread
         # requests waiting in the engine: its count after the last step, plus the ones taken from the inbox
         # since; guarded by _lock
@@ -87,7 +104,9 @@ class ContinuousBatchingService:
             triton_io.send_final(sender, triton_io.error_response(exc))
             return
         with self._lock:
-            if self._closed:
+            if self._stopped is not None:
+                error = EngineStopped(self._stopped)
+            elif self._closed:
                 error = Unavailable(f"{self._name} is unloading; retry later")
             elif len(self._inbox) + self._engine_waiting >= self._max_waiting:
                 error = Unavailable(
@@ -128,10 +147,17 @@ class ContinuousBatchingService:
     # -- the engine thread ------------------------------------------------------------------
     def _run(self, engine: LLMEngine) -> None:
         self._engine = engine
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - the thread cannot go on: answer everyone, refuse the rest
+            self._stop_serving(exc)
+
+    def _serve(self) -> None:
         while True:
+            self._faults.hit("loop")  # NOTE: between turns: every request is then in _active or the inbox
             if not self._engine.has_unfinished():
                 self._record_queue()  # NOTE: also publishes the KV pool from the load on, before any request
-                self._metrics.record_idle()
+                self._metric(self._metrics.record_idle)
             with self._lock:
                 while not self._closed and not self._inbox and not self._engine.has_unfinished():
                     self._wake.wait()
@@ -154,8 +180,11 @@ class ContinuousBatchingService:
     def _admit(self, incoming: list[tuple[str, _Active]]) -> None:
         for request_id, active in incoming:
             try:
+                self._faults.hit("admit")
                 self._engine.add_request(request_id, active.prompt_ids, active.request.params)
-            except InvalidArgument as exc:
+            except Exception as exc:  # noqa: BLE001 - InvalidArgument, or a fault: this request alone fails
+                if not isinstance(exc, InvalidArgument):
+                    triton_io.log_error(f"adding a request to the engine failed: {exc!r}")
                 triton_io.send_final_quietly(active.sender, triton_io.error_response(exc))
                 continue
             self._active[request_id] = active
@@ -167,10 +196,15 @@ class ContinuousBatchingService:
         for request_id in cancelled:
             active = self._active.get(request_id)
             if active is not None and not active.cancelled:
-                active.cancelled = True
-                self._engine.abort_request(request_id)
+                active.cancelled = True  # NOTE: if the abort fails, it runs on and nothing more is sent
+                try:
+                    self._faults.hit("abort")
+                    self._engine.abort_request(request_id)
+                except Exception as exc:  # noqa: BLE001 - the request runs to its end unanswered to
+                    triton_io.log_error(f"aborting {request_id} failed: {exc!r}")
 
     def _step(self) -> None:
+        self._faults.hit("step")
         outputs = self._engine.step()
         stats = self._engine.stats()
         now = time.monotonic()
@@ -180,22 +214,46 @@ class ContinuousBatchingService:
             active = self._active.get(out.request_id)
             if active is not None:
                 self._deliver(out, active, now)
-        self._metrics.record_step(stats.last_num_seqs, new_tokens)
+        self._metric(self._metrics.record_step, stats.last_num_seqs, new_tokens)
 
     def _record_queue(self) -> None:
         stats = self._engine.stats()
         with self._lock:
             self._engine_waiting = stats.num_waiting
             waiting = stats.num_waiting + len(self._inbox)
-        self._metrics.record_queue(waiting, stats.num_running, stats.kv_blocks_used, stats.kv_blocks_total)
+        self._metric(self._metrics.record_queue, waiting, stats.num_running, stats.kv_blocks_used,
+                     stats.kv_blocks_total)
 
-    def _fail_all(self, exc: Exception) -> None:
+    def _metric(self, record: Callable[..., None], *args) -> None:
+        """A metrics update: one that fails is logged, and fails no request."""
+        try:
+            self._faults.hit("metrics")
+            record(*args)
+        except Exception as exc:  # noqa: BLE001 - metrics are not worth a request
+            triton_io.log_error(f"a metrics update failed: {exc!r}")
+
+    def _fail_all(self, exc: BaseException) -> None:
         triton_io.log_error(f"engine step failed, failing {len(self._active)} requests: {exc!r}")
         for request_id, active in list(self._active.items()):
-            self._engine.abort_request(request_id)
+            try:
+                self._engine.abort_request(request_id)
+            except Exception as abort_exc:  # noqa: BLE001 - it is answered below all the same
+                triton_io.log_error(f"aborting {request_id} failed: {abort_exc!r}")
             self._watcher.unwatch(request_id)
             triton_io.send_final_quietly(active.sender, triton_io.error_response(exc))
         self._active.clear()
+
+    def _stop_serving(self, exc: BaseException) -> None:
+        """The engine thread cannot go on: fail what it held and what waits, and refuse what comes."""
+        reason = f"{self._name}: the engine thread stopped ({type(exc).__name__}: {exc}); reload the model"
+        triton_io.log_error(reason)
+        with self._lock:
+            self._stopped = reason
+            pending, self._inbox = self._inbox, []
+        error = EngineStopped(reason)
+        self._fail_all(error)
+        for _, active in pending:
+            triton_io.send_final_quietly(active.sender, triton_io.error_response(error))
 
     def _deliver(self, out: RequestOutput, active: _Active, now: float) -> None:
         if out.token_ids and not active.first_token_seen:

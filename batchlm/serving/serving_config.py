@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.errors import InvalidArgument
+from batchlm.serving.fault_injection import FaultInjector
 
-SERVING_KEYS = ("model_dir", "batch_size", "max_waiting", "cancellation_check_period_ms", "stream_interval")
+SERVING_KEYS = ("model_dir", "batch_size", "max_waiting", "cancellation_check_period_ms", "stream_interval",
+                "fault_injection")
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,9 @@ class ServingConfig:
     # continuous batching, streamed requests: send text once this many new tokens are buffered (the
     # first text and the final response always go at once); 1 = a response per token
     stream_interval: int = 1
+    # `POINT@N,...`: make the N-th pass through a serving thread's POINT raise (batchlm.serving.fault_injection);
+    # empty, as shipped: no fault
+    fault_injection: str = ""
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "ServingConfig":
@@ -34,6 +39,7 @@ class ServingConfig:
             max_waiting=positive_int(params, "max_waiting", 64),
             cancellation_check_period_ms=positive_int(params, "cancellation_check_period_ms", 100),
             stream_interval=positive_int(params, "stream_interval", 1),
+            fault_injection=fault_spec(params),
             engine=EngineConfig.from_parameters(rest, strict=True),
         )
 
@@ -50,6 +56,13 @@ def check_batch_fits(engine: EngineConfig, rows: int, key: str) -> None:
         raise InvalidArgument(
             key, f"{rows} rows of max_model_len={engine.max_model_len} need {rows * per_row} KV blocks of "
                  f"{engine.block_size} tokens, num_kv_blocks is {engine.num_kv_blocks}")
+
+
+def fault_spec(params: dict[str, str]) -> str:
+    """The `fault_injection` parameter, checked (InvalidArgument naming it at load); "" when absent."""
+    spec = params.get("fault_injection", "")
+    FaultInjector.parse(spec)
+    return spec
 
 
 def positive_int(params: dict[str, str], key: str, default: int) -> int:

@@ -130,6 +130,8 @@ def load_serving_config(args: dict, decoupled: bool) -> tuple[str, ServingConfig
     name = config["name"]
     require_transaction_policy(config, decoupled)
     serving = ServingConfig.from_parameters(parameters(config))
+    if serving.fault_injection and not decoupled:
+        raise InvalidArgument("fault_injection", "only continuous_batching's engine thread has fault points")
     return name, serving, resolve_model_dir(serving.model_dir)
 
 

@@ -13,7 +13,7 @@ class TritonPythonModel:
         self.service = ContinuousBatchingService(lambda: LLMEngine(model_dir, config.engine),
                                                  ModelMetrics(name, args["model_instance_name"]), config.max_waiting,
                                                  config.cancellation_check_period_ms / 1000,
-                                                 config.stream_interval, name)
+                                                 config.stream_interval, name, config.fault_injection)
 
     def execute(self, requests):
         for request in requests:

@@ -1,0 +1,34 @@
+"""FaultInjector: each planned point raises once, at its N-th pass; a bad plan is refused at load naming
+the `fault_injection` key; the shipped configs plan no fault."""
+
+import pytest
+
+from batchlm.errors import InvalidArgument
+from batchlm.serving.fault_injection import FaultInjector, InjectedFault, InjectedThreadDeath
+from batchlm.serving.serving_config import ServingConfig
+
+
+def test_each_point_raises_once_at_its_pass():
+    faults = FaultInjector.parse("step@2, metrics@1,loop@1")
+    faults.hit("admit")  # not planned: never raises
+    faults.hit("step")
+    with pytest.raises(InjectedFault, match="step, pass 2"):
+        faults.hit("step")
+    faults.hit("step")  # once only
+    with pytest.raises(InjectedFault):
+        faults.hit("metrics")
+    with pytest.raises(InjectedThreadDeath):  # not an Exception: nothing in the loop catches it
+        faults.hit("loop")
+    assert not issubclass(InjectedThreadDeath, Exception)
+
+
+@pytest.mark.parametrize("spec", ["step", "step@0", "step@x", "nowhere@1", "step@1,step@2"])
+def test_a_bad_plan_is_refused_naming_the_key(spec):
+    with pytest.raises(InvalidArgument) as err:
+        ServingConfig.from_parameters({"fault_injection": spec})
+    assert err.value.field == "fault_injection"
+
+
+def test_no_plan_is_no_fault():
+    assert ServingConfig.from_parameters({}).fault_injection == ""
+    FaultInjector.parse("").hit("step")
