@@ -174,10 +174,15 @@ class StaticBatchingService:
 
     def _run(self, generator: BatchGenerator) -> None:
         self._generator = generator
-        self._record_queue()  # the KV pool from the load on, before any request
-        self._metrics.record_idle()
+        self._quietly(self._record_queue)  # the KV pool from the load on, before any request
+        self._quietly(self._metrics.record_idle)
         while (batch := self._batches.get()) is not _STOP:
-            self._run_batch(batch)
+            try:
+                self._run_batch(batch)
+            except Exception as exc:  # noqa: BLE001 - whatever escaped: answer the batch, keep the worker
+                triton_io.log_error(f"{self._name}: batch failed after its answers began: {exc!r}")
+                for _, sender in batch:
+                    triton_io.send_final_quietly(sender, triton_io.error_response(exc))
 
     def _run_batch(self, batch: list[tuple[GenerateRequest, object]]) -> None:
         with self._lock:
@@ -195,8 +200,8 @@ class StaticBatchingService:
         finally:
             with self._lock:
                 self._running = 0
-            self._record_queue()
-            self._metrics.record_idle()  # NOTE: after the gauges' update, which this flush pushes
+            self._quietly(self._record_queue)
+            self._quietly(self._metrics.record_idle)  # NOTE: after the gauges' update, which this flush pushes
         for (_, sender), out in zip(batch, outputs):
             response = (triton_io.cancelled_response(self._name)
                         if out.finish_reason is FinishReason.CANCELLED or sender.is_cancelled()
@@ -205,8 +210,15 @@ class StaticBatchingService:
         triton_io.log_verbose(f"{self._name}: batch of {len(batch)} in {time.monotonic() - start:.2f}s")
 
     def _on_step(self, num_sequences: int, new_tokens: int) -> None:
-        self._metrics.record_step(num_sequences, new_tokens)
-        self._record_queue()
+        self._quietly(self._metrics.record_step, num_sequences, new_tokens)
+        self._quietly(self._record_queue)
+
+    def _quietly(self, record: Callable[..., None], *args) -> None:
+        """A metrics update: one that fails is logged, and fails no request."""
+        try:
+            record(*args)
+        except Exception as exc:  # noqa: BLE001 - metrics are not worth a batch
+            triton_io.log_error(f"{self._name}: a metrics update failed: {exc!r}")
 
     def _waiting(self) -> int:
         """Requests parked or in full batches behind the running one; the caller holds _lock."""
