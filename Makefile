@@ -2,6 +2,9 @@
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+# The OpenAI-compatible frontend next to Triton (127.0.0.1 only); FRONTEND_PORT=0 or NO_FRONTEND=1: none.
+FRONTEND_PORT ?= 9000
+NO_FRONTEND ?=
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
@@ -11,7 +14,8 @@ setup:
 	@scripts/setup.sh
 
 serve: setup
-	.venv/bin/batchlm-serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+	.venv/bin/batchlm-serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
+		--frontend-port $(if $(NO_FRONTEND),0,$(FRONTEND_PORT))
 
 # The contract suite: unit tests and functional tests against a real tritonserver.
 test: setup

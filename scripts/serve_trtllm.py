@@ -1,17 +1,21 @@
 #!/usr/bin/env python
 """Serve all five models on a GPU: the three strategies on batchlm's engine and TensorRT-LLM's in-flight
-batching, side by side, on one tritonserver (NGC's `tritonserver:24.10-trtllm-python-py3` image).
+batching, side by side, on one tritonserver (NGC's `tritonserver:<TRITON_RELEASE>-trtllm-python-py3` image,
+docker/versions.env).
 
     .venv/bin/python scripts/serve_trtllm.py [--device cuda] [--engine-dir engines/trtllm] [--rebuild]
-                                             [--model-dir M] [--dtype D] [--max-num-tokens N]  # for the build
+                                             [--model-dir M] [--dtype D] [--max-num-tokens N]
+                                             [--tp-size T] [--pp-size P]           # for the build
     .venv/bin/python scripts/serve_trtllm.py --prepare-only --out DIR   # write the repository and exit
 
 1. Builds the engine if `--engine-dir` holds none, or one built to another plan (limits, checkpoint,
-   dtype) or TensorRT-LLM version (`scripts/build_trtllm_engine.py`, run with `--trtllm-python`, the
-   interpreter that has tensorrt_llm).
+   dtype, parallel sizes, GPU architecture) or TensorRT-LLM version (`scripts/build_trtllm_engine.py`, run
+   with `--trtllm-python`, the interpreter that has tensorrt_llm).
 2. Writes a model repository under `--out` (never into the tracked folders): `model_repository/`'s three
    models with `device` set to `--device`, and `docker/trtllm/model_repository/`'s two with the engine's
-   folder filled into `tensorrt_llm`'s `gpt_model_path`.
+   folder filled into `tensorrt_llm`'s `gpt_model_path`. An engine of tp_size x pp_size > 1 ranks gets
+   GPUs 0 .. ranks-1 (`gpu_device_ids`) and TensorRT-LLM's orchestrator mode (TRTLLM_ORCHESTRATOR=1),
+   which starts one worker process per rank under this one tritonserver.
 3. Serves it as scripts/serve.py does (explicit model control, every model loaded; a signal drains the
    server, then stops it). Ports as for scripts/serve.py.
 Clients send the same requests to `continuous_batching_trtllm` as to `continuous_batching`; the serving
@@ -37,8 +41,12 @@ ENGINE_FILES = ("config.json", "rank0.engine")
 PLAN_FILE = "batchlm_build.json"  # what build_trtllm_engine.py built the engine from and with
 
 
-def prepare_repository(out: Path, engine_dir: Path, device: str) -> Path:
-    """Write the five models into `out` (replacing what was there); returns `out`."""
+GPU_IDS_LINE = 'parameters { key: "gpu_device_ids" value: { string_value: "0" } }'
+
+
+def prepare_repository(out: Path, engine_dir: Path, device: str, ranks: int = 1) -> Path:
+    """Write the five models into `out` (replacing what was there); returns `out`. `ranks`: the engine's
+    tp_size x pp_size, one GPU each."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -54,27 +62,34 @@ def prepare_repository(out: Path, engine_dir: Path, device: str) -> Path:
     for name in ("continuous_batching_trtllm", "tensorrt_llm"):
         shutil.copytree(TRTLLM_REPOSITORY / name, out / name, ignore=ignore)
     engine_config = out / "tensorrt_llm" / "config.pbtxt"
-    engine_config.write_text(engine_config.read_text().replace("${engine_dir}", str(engine_dir.resolve())))
+    text = engine_config.read_text().replace("${engine_dir}", str(engine_dir.resolve()))
+    if GPU_IDS_LINE not in text:
+        raise SystemExit(f"tensorrt_llm/config.pbtxt no longer has the line {GPU_IDS_LINE!r}")
+    gpus = ",".join(str(i) for i in range(ranks))
+    engine_config.write_text(text.replace(GPU_IDS_LINE, GPU_IDS_LINE.replace('"0"', f'"{gpus}"')))
     return out
 
 
 # where the build plan names folders: not compared, so a checkout moved or mounted elsewhere keeps its engine
 PATH_KEYS = ("model_dir", "checkpoint_dir", "engine_dir")
-PATH_FLAGS = ("--checkpoint_dir=", "--output_dir=")
+PATH_FLAGS = ("--model_dir=", "--checkpoint_dir=", "--output_dir=")
+COMMAND_KEYS = ("convert", "trtllm_build")
 
 
 def _portable(plan: dict) -> dict:
     """The plan without its folders: what the engine itself depends on."""
     kept = {key: value for key, value in plan.items() if key not in PATH_KEYS}
-    if "trtllm_build" in kept:
-        kept["trtllm_build"] = [a for a in kept["trtllm_build"] if not a.startswith(PATH_FLAGS)]
+    for key in COMMAND_KEYS:
+        if key in kept:
+            kept[key] = [a for a in kept[key] if not a.startswith(PATH_FLAGS)]
     return kept
 
 
 def why_build(engine_dir: Path, plan: dict, trtllm_version: str | None) -> str | None:
     """Why the engine in `engine_dir` must be built (again), or None where it was built to `plan` (what
     `build_trtllm_engine.py --dry-run` prints now: limits from the shipped configs, the checkpoint's
-    digest, dtype, build flags; folders are not compared) with `trtllm_version` (None: not known, not
+    digest, dtype, parallel sizes, both steps' flags, the GPUs' compute capability; folders are not
+    compared) with `trtllm_version` (None: not known, not
     compared). Before, any engine found was served: after a change of `max_model_len` or
     `max_batch_size` the front admitted prompts the engine refused, after new weights the engine served
     the old ones, and after a TensorRT-LLM upgrade the old engine failed to load."""
@@ -132,6 +147,8 @@ def main() -> int:
     ap.add_argument("--model-dir", help="the engine's checkpoint (build_trtllm_engine.py's default: models/default)")
     ap.add_argument("--dtype", help="the engine's dtype (build_trtllm_engine.py's default: float16)")
     ap.add_argument("--max-num-tokens", type=int, help="tokens in one engine step at most (default 2048)")
+    ap.add_argument("--tp-size", type=int, default=1, help="the engine's tensor-parallel size (GPUs per layer)")
+    ap.add_argument("--pp-size", type=int, default=1, help="the engine's pipeline-parallel size (GPUs per model)")
     ap.add_argument("--out", type=Path, default=PROJECT_ROOT / ".cache" / "trtllm_repository")
     ap.add_argument("--prepare-only", action="store_true", help="write the repository, do not build or serve")
     ap.add_argument("--address", default=LOOPBACK,
@@ -142,14 +159,18 @@ def main() -> int:
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     args = ap.parse_args()
 
-    repository = prepare_repository(args.out, args.engine_dir, args.device)
+    ranks = args.tp_size * args.pp_size
+    repository = prepare_repository(args.out, args.engine_dir, args.device, ranks)
     if args.prepare_only:
         print(repository)
         return 0
     build_args = [f"--{name.replace('_', '-')}={value}" for name, value in
-                  (("model_dir", args.model_dir), ("dtype", args.dtype), ("max_num_tokens", args.max_num_tokens))
+                  (("model_dir", args.model_dir), ("dtype", args.dtype), ("max_num_tokens", args.max_num_tokens),
+                   ("tp_size", args.tp_size), ("pp_size", args.pp_size))
                   if value is not None]
     ensure_engine(args.engine_dir, args.trtllm_python, args.rebuild, build_args)
+    if ranks > 1:
+        os.environ["TRTLLM_ORCHESTRATOR"] = "1"  # read by TensorRT-LLM's backend in this server's process
     server = TritonServer(model_repository=repository, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, show_output=True,
                           extra_args=tuple(with_model_control([])), address=args.address)

@@ -22,7 +22,7 @@ from batchlm.model.model import LlamaForCausalLM
 from batchlm.model.model_config import ModelConfig
 
 # Bump when the bytes write_default_checkpoint produces for a given seed change.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: tokenizer_config.json has a chat_template
 MANIFEST = "batchlm_checkpoint.json"
 DEFAULT_SIZE = {  # ~31M parameters
     "hidden_size": 512,
@@ -39,6 +39,13 @@ BOS_ID, EOS_ID = 1, 2
 # NOTE: logits with a std of ~4 make the top-2 gap large next to float reordering error, so greedy
 # tokens do not change between a sequence run alone and the same sequence inside a batch.
 LM_HEAD_LOGIT_STD = 4.0
+# The chat template (Hugging Face's `chat_template`, jinja2) that the OpenAI frontend renders chat
+# messages with: a `<|role|>` line, the content and `</s>` (encoded as the EOS id) per message, then
+# the assistant's turn.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def default_config(**size: int) -> dict:
@@ -82,7 +89,7 @@ def write_default_checkpoint(out_dir: str | Path, seed: int = 0, **size: int) ->
             "add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
             "unk_token": "<unk>", "clean_up_tokenization_spaces": False,
             "model_max_length": config["max_position_embeddings"],
-            "tokenizer_class": "PreTrainedTokenizerFast"}),
+            "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": DEFAULT_CHAT_TEMPLATE}),
         "tokenizer.json": train_tokenizer(seed, config["vocab_size"]).to_str(pretty=True).encode(),
     }
     hashes = {name: _write_atomic(out / name, data) for name, data in files.items()}

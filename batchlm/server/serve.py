@@ -1,10 +1,16 @@
 """Serve the model repository with a real tritonserver until a signal drains and stops it.
 
     batchlm-serve [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--log FILE]
-                  [--drain-timeout 60] [-- extra tritonserver arguments]
+                  [--drain-timeout 60] [--frontend-port 9000] [--frontend-host 127.0.0.1] [--no-frontend]
+                  [-- extra tritonserver arguments]
 
-Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT. `make serve` runs the set-up first. The
-server's log goes to this terminal, or with `--log` to that file.
+Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT, FRONTEND_PORT. `make serve` runs the set-up
+first. The server's log goes to this terminal, or with `--log` to that file.
+
+Once the server is ready, the OpenAI-compatible frontend (batchlm/frontend/) starts next to it on
+`--frontend-port` (9000; 0 or `--no-frontend`: none), bound to 127.0.0.1 unless `--frontend-host`
+says otherwise, and talks to the server over gRPC. On a stop it is stopped first: it stops accepting
+and lets its answers in flight finish (at most 10 s), then the server is drained.
 
 The server binds 127.0.0.1 unless `--address` says otherwise. It runs in explicit model control with
 every model loaded at start (`--model-control-mode=explicit --load-model=*`) unless the extra arguments
@@ -23,8 +29,9 @@ import os
 import sys
 from pathlib import Path
 
+from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
 from batchlm.paths import DEFAULT_REPOSITORY
-from batchlm.server.triton_server import LOOPBACK, TritonServer, serve_until_signalled, with_model_control
+from batchlm.server.triton_server import LOOPBACK, serve_until_signalled, with_model_control
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,13 +47,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log", type=Path, default=None, help="write the server log here (default: terminal)")
     ap.add_argument("--drain-timeout", type=float, default=60.0,
                     help="seconds a signal waits for the models to unload before stopping anyway")
+    ap.add_argument("--frontend-port", type=int, default=int(os.environ.get("FRONTEND_PORT", 9000)),
+                    help="port of the OpenAI-compatible frontend; 0: no frontend")
+    ap.add_argument("--frontend-host", default=LOOPBACK,
+                    help="the address the frontend binds (default: 127.0.0.1, this machine only)")
+    ap.add_argument("--no-frontend", action="store_true", help="serve Triton alone")
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args(argv)
+    frontend = None
+    if args.frontend_port and not args.no_frontend:
+        frontend = FrontendProcess("", host=args.frontend_host, port=args.frontend_port)  # Triton's: at start
 
-    server = TritonServer(
+    server = ServerWithFrontend(
         model_repository=args.model_repository.resolve(), http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
         show_output=args.log is None, extra_args=tuple(with_model_control(args.extra)), address=args.address,
+        frontend=frontend,
     )
     return serve_until_signalled(server, args.drain_timeout)
 

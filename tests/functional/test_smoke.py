@@ -54,7 +54,8 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
     out, log = tmp_path / "stdout.txt", tmp_path / "server.log"
     ports = [str(free_port()) for _ in range(3)]
     command = [sys.executable, "scripts/serve.py", "--http-port", ports[0], "--grpc-port", ports[1],
-               "--metrics-port", ports[2], *([] if foreground else ["--log", str(log)])]
+               "--metrics-port", ports[2], "--frontend-port", str(free_port()),
+               *([] if foreground else ["--log", str(log)])]
     with open(out, "wb") as sink:
         proc = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=sink, stderr=subprocess.STDOUT)
     tree: list[int] = []
@@ -124,7 +125,8 @@ def test_serve_script_says_in_one_line_why_it_is_not_serving(tmp_path):
         out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
         with open(out, "wb") as out_sink, open(err, "wb") as err_sink:
             proc = subprocess.run([sys.executable, "scripts/serve.py", "--model-repository", str(tmp_path / "empty"),
-                                   "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]],
+                                   "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2],
+                                   "--frontend-port", str(free_port())],
                                   cwd=PROJECT_ROOT,
                                   stdout=out_sink, stderr=err_sink, timeout=300)
     text = err.read_text(errors="replace")

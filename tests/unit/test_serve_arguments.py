@@ -7,8 +7,13 @@ import os
 import pytest
 
 from batchlm.server import triton_server
-from batchlm.server.triton_server import (ADMIN_HEADER, RESTRICTED_APIS, TritonServer, model_control_mode,
-                                          with_model_control)
+from batchlm.server.triton_server import (
+    ADMIN_HEADER,
+    RESTRICTED_APIS,
+    TritonServer,
+    model_control_mode,
+    with_model_control,
+)
 
 
 def _fake_install(tmp_path):

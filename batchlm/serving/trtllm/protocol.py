@@ -1,8 +1,8 @@
 """The tensor contract of TensorRT-LLM's Triton backend, as `continuous_batching_trtllm` speaks it.
 
 The `tensorrt_llm` model (backend `tensorrtllm`, `gpt_model_type: inflight_fused_batching`) takes token
-ids, not text, and answers token ids. Names follow the backend's model configuration (v0.14, the one in
-NGC's 24.10 `-trtllm-python-py3` container). The model has `max_batch_size` > 0, so every tensor
+ids, not text, and answers token ids. Names follow the backend's model configuration (the release that
+docker/versions.env pins). The model has `max_batch_size` > 0, so every tensor
 carries a leading batch dimension of 1. Pure numpy: no Triton, no torch.
 
 Mapping from this repository's request schema:

@@ -1,0 +1,81 @@
+"""Chat messages -> one prompt: the checkpoint's chat template where it has one, else a plain one.
+
+The checkpoint's template is `chat_template` in its tokenizer_config.json (Hugging Face's layout),
+rendered with jinja2 in a sandbox, with `messages`, `add_generation_prompt=True`, `bos_token` and
+`eos_token`, as Hugging Face renders it. The default checkpoint (models/default) has one
+(batchlm/model/checkpoint.py, `DEFAULT_CHAT_TEMPLATE`). A checkpoint without one, or one this process
+cannot read (Triton on another machine), gets the plain template: one line `<role>: <content>` per
+message, then `assistant:`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from batchlm.frontend.errors import invalid
+
+
+def plain_prompt(messages: list[dict[str, str]]) -> str:
+    """The plain template: `system: Be brief.\\nuser: Hi\\nassistant:`."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A checkpoint's chat template (`source` None: the plain template) and its special tokens."""
+
+    source: str | None = None
+    bos_token: str = ""
+    eos_token: str = ""
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """The prompt for `messages` (dicts with `role` and `content`); ApiError 400 (param `messages`)
+        if the template refuses them (its `raise_exception`) or cannot render."""
+        if self.source is None:
+            return plain_prompt(messages)
+        import jinja2
+
+        try:
+            return _compiled(self.source).render(messages=messages, add_generation_prompt=True,
+                                                 bos_token=self.bos_token, eos_token=self.eos_token)
+        except jinja2.TemplateError as exc:
+            raise invalid("messages", f"the model's chat template refused them: {exc}") from None
+
+
+def load_chat_template(model_dir: Path | None) -> ChatTemplate:
+    """The template of the checkpoint in `model_dir`; the plain one when there is none to read."""
+    if model_dir is None:
+        return ChatTemplate()
+    try:
+        config = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return ChatTemplate()
+    source = config.get("chat_template")
+    if isinstance(source, list):  # NOTE: HF also allows a list of named templates; use "default"
+        source = next((t.get("template") for t in source if t.get("name") == "default"), None)
+    if not isinstance(source, str) or not source:
+        return ChatTemplate()
+    return ChatTemplate(source, _token(config.get("bos_token")), _token(config.get("eos_token")))
+
+
+def _token(value) -> str:
+    if isinstance(value, dict):  # older tokenizer_config.json: {"content": "<s>", ...}
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+@lru_cache(maxsize=8)
+def _compiled(source: str):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        from jinja2 import TemplateError
+
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)

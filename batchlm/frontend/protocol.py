@@ -1,0 +1,183 @@
+"""OpenAI's request bodies (pydantic) and their mapping onto the shared request schema.
+
+The schema (batchlm/serving/request_schema.py) has `text_input`, `max_tokens`, `temperature`, `top_k`,
+`top_p`, `seed`, `stop`, `ignore_eos` and `stream`. OpenAI's parameters map onto them one to one;
+`top_k` and `ignore_eos` are extensions. A parameter left out is left out of the request too, so the
+model's default applies (greedy: `temperature` 0), except `max_tokens`, which the schema requires:
+16 for completions (OpenAI's default), 128 for chat. Ranges are the models' to check: their
+INVALID_ARG names the field, and errors.from_triton turns it into a 400 naming the parameter.
+Parameters the models cannot honour are refused with a 400 naming them, unless they hold their neutral
+value (`presence_penalty: 0`, `logprobs: null`, ...). Unknown parameters are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from batchlm.frontend.errors import invalid
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+DEFAULT_CHAT_MAX_TOKENS = 128
+INT32_MAX = 2**31 - 1
+UINT64_MAX = 2**64 - 1
+
+
+class _Body(BaseModel):
+    # NOTE: strict: "8" is not 8 and true is not 1; extra="forbid": a misspelt parameter is refused,
+    # not dropped in silence
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    """What completions and chat share."""
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # extensions of the shared schema
+    top_k: int | None = None
+    ignore_eos: bool | None = None
+    # accepted at their neutral value only (see NEUTRAL)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: str | list[str]
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+
+
+# parameter -> the values that change nothing (None always does)
+NEUTRAL: dict[str, tuple] = {
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
+    "echo": (False,), "suffix": ("",), "best_of": (1,), "logprobs": (False, 0), "top_logprobs": (0,),
+    "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
+    "parallel_tool_calls": (True, False),
+}
+
+
+@dataclass(frozen=True)
+class SchemaRequest:
+    """One request in the shared schema's terms: `fields` (schema field -> value, left-out ones absent)
+    and `params` (schema field -> the OpenAI parameter it came from, for error messages)."""
+
+    fields: dict[str, object]
+    params: dict[str, str] = field(default_factory=dict)
+    stream: bool = False          # the caller asked for server-sent events
+    include_usage: bool = False   # stream_options.include_usage
+
+
+def completion_request(body: CompletionRequest) -> SchemaRequest:
+    """The schema request for a completion; ApiError 400 naming the parameter where it cannot be one."""
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise invalid("prompt", f"one prompt per request is supported, got a list of {len(prompt)}")
+        prompt = prompt[0]
+    return _schema_request(body, prompt, "prompt", body.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS)
+
+
+def chat_request(body: ChatCompletionRequest, prompt: str) -> SchemaRequest:
+    """The schema request for a chat completion whose messages rendered to `prompt`."""
+    if body.max_completion_tokens is not None:
+        if body.max_tokens is not None and body.max_tokens != body.max_completion_tokens:
+            raise invalid("max_completion_tokens", f"differs from max_tokens ({body.max_completion_tokens} "
+                                                   f"!= {body.max_tokens}); give one of them")
+        return _schema_request(body, prompt, "messages", body.max_completion_tokens, "max_completion_tokens",
+                               DEFAULT_CHAT_MAX_TOKENS)
+    return _schema_request(body, prompt, "messages", body.max_tokens, "max_tokens", DEFAULT_CHAT_MAX_TOKENS)
+
+
+def _schema_request(body: _Sampling, prompt: str, prompt_param: str, max_tokens: int | None,
+                    max_tokens_param: str, default_max_tokens: int) -> SchemaRequest:
+    _refuse_unsupported(body)
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options", "is allowed only with stream: true")
+    fields: dict[str, object] = {
+        "text_input": prompt,
+        "max_tokens": _ranged(max_tokens_param, default_max_tokens if max_tokens is None else max_tokens,
+                              -INT32_MAX - 1, INT32_MAX),
+    }
+    params = {"text_input": prompt_param, "max_tokens": max_tokens_param}
+    if body.temperature is not None:
+        fields["temperature"] = body.temperature
+    if body.top_p is not None:
+        fields["top_p"] = body.top_p
+    if body.top_k is not None:
+        fields["top_k"] = _ranged("top_k", body.top_k, -INT32_MAX - 1, INT32_MAX)
+    if body.seed is not None:
+        fields["seed"] = _ranged("seed", body.seed, 0, UINT64_MAX)
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if stops:
+        fields["stop"] = stops
+    if body.ignore_eos is not None:
+        fields["ignore_eos"] = body.ignore_eos
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return SchemaRequest(fields, params, stream=bool(body.stream), include_usage=include_usage)
+
+
+def _refuse_unsupported(body: _Sampling) -> None:
+    if body.n is not None and body.n != 1:
+        raise invalid("n", f"only n=1 is supported (one choice per request), got {body.n}; "
+                           "send n requests instead")
+    for name, neutral in NEUTRAL.items():
+        value = getattr(body, name, None)
+        if value is not None and value not in neutral:
+            raise invalid(name, f"is not supported by these models; leave it out (got {value!r})")
+
+
+def _ranged(param: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise invalid(param, f"must be between {low} and {high}, got {value}")
+    return value

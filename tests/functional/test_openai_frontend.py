@@ -1,0 +1,238 @@
+"""The OpenAI-compatible frontend against the shared tritonserver, driven by the official openai SDK.
+
+The frontend runs as a real uvicorn process (batchlm/frontend/process.py, as `make serve` starts it) on
+a free port, talking to the session's server over gRPC. Outputs are kept short (8 to 16 tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from batchlm.frontend.chat_template import load_chat_template
+from batchlm.frontend.process import FrontendProcess
+from batchlm.paths import DEFAULT_MODEL_DIR, PROJECT_ROOT
+from batchlm.server.triton_server import free_port
+from client.triton_llm import LLMClient
+from tests.functional.conftest import is_alive, metric_reaches, metric_value
+
+MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
+TOKENS = 8
+GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def frontend(server, tmp_path_factory):
+    process = FrontendProcess(server.grpc_url, port=free_port(), graceful_timeout=2,
+                              log_path=tmp_path_factory.mktemp("frontend") / "frontend.log")
+    process.start(timeout=60)
+    yield process.url
+    pid = process.process.pid
+    process.stop()
+    assert process.process is None and not is_alive(pid)
+
+
+@pytest.fixture(scope="module")
+def sdk(frontend):
+    client = openai.OpenAI(base_url=f"{frontend}/v1", api_key="unused", max_retries=0, timeout=120)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def triton(server):
+    client = LLMClient(server.http_url, server.grpc_url, timeout=120)
+    yield client
+    client.close()
+
+
+def _chat_prompt(text: str) -> str:
+    return load_chat_template(DEFAULT_MODEL_DIR).render([{"role": "user", "content": text}])
+
+
+def _reference(triton: LLMClient, prompt: str, tokens: int = TOKENS):
+    """Greedy text through Triton's /generate (every model gives the same greedy text,
+    tests/functional/test_schema_and_equality.py; continuous_batching answers alone)."""
+    return triton.generate("continuous_batching", prompt, tokens, temperature=0.0, ignore_eos=True)
+
+
+def _ask(sdk: openai.OpenAI, model: str, kind: str, stream: bool, text: str) -> tuple[str, str, object]:
+    """(text, finish_reason, usage) of one completion or chat completion, streamed or not."""
+    usage = {"stream_options": {"include_usage": True}} if stream else {}
+    if kind == "completion":
+        answer = sdk.completions.create(model=model, prompt=text, max_tokens=TOKENS, stream=stream, **usage, **GREEDY)
+    else:
+        answer = sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": text}],
+                                             max_tokens=TOKENS, stream=stream, **usage, **GREEDY)
+    if not stream:
+        choice = answer.choices[0]
+        return (choice.text if kind == "completion" else choice.message.content), choice.finish_reason, answer.usage
+    texts, finish, last_usage, chunks = [], None, None, list(answer)
+    for chunk in chunks:
+        if chunk.usage is not None:
+            assert chunk.choices == [] and chunk is chunks[-1]  # the usage chunk comes last, alone
+            last_usage = chunk.usage
+        for choice in chunk.choices:
+            texts.append((choice.text if kind == "completion" else choice.delta.content) or "")
+            finish = choice.finish_reason or finish
+    return "".join(texts), finish, last_usage
+
+
+def _metric_above_zero(server, name: str, model: str, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not (metric_value(server, name, model) or 0) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return (metric_value(server, name, model) or 0) > 0
+
+
+def test_models_lists_the_ready_strategies(sdk):
+    assert {m.id for m in sdk.models.list()} == set(MODELS)  # no continuous_batching_trtllm on this server
+    assert sdk.models.retrieve("dynamic_batching").id == "dynamic_batching"
+    with pytest.raises(openai.NotFoundError):
+        sdk.models.retrieve("continuous_batching_trtllm")
+
+
+@pytest.mark.parametrize("model", ["continuous_batching", "dynamic_batching"])
+def test_greedy_text_and_usage_equal_tritons_generate_streamed_or_not(sdk, triton, model):
+    """dynamic_batching cannot stream: its streamed answers come as one chunk of text."""
+    prompt = "Once upon a time"
+    for kind, reference in (("completion", _reference(triton, prompt)),
+                            ("chat", _reference(triton, _chat_prompt(prompt)))):
+        for stream in (False, True):
+            text, finish, usage = _ask(sdk, model, kind, stream, prompt)
+            assert text == reference.text, (kind, stream)
+            assert finish == "length"
+            assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
+                reference.num_input_tokens, TOKENS, reference.num_input_tokens + TOKENS)
+
+
+def test_static_batching_answers_eight_openai_requests_as_one_batch(sdk, triton):
+    """static_batching answers only full batches of 8: eight SDK calls, of every kind, make one."""
+    asks = [(kind, stream, f"Row {i} of the batch") for i, (kind, stream) in
+            enumerate([(k, s) for k in ("completion", "chat") for s in (False, True)] * 2)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda a: _ask(sdk, "static_batching", *a), asks))
+    for (kind, stream, text), (answer, finish, usage) in zip(asks, answers):
+        prompt = text if kind == "completion" else _chat_prompt(text)
+        assert answer == _reference(triton, prompt).text, (kind, stream)
+        assert finish == "length" and usage.completion_tokens == TOKENS
+
+
+def test_stream_events_have_openais_shape(frontend):
+    body = {"model": "continuous_batching", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    with requests.post(f"{frontend}/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines(decode_unicode=True) if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    assert len({c["id"] for c in chunks}) == 1 and {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-2]["choices"][0]["delta"] == {} and chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert all(c["usage"] is None for c in chunks[:-1])
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),                 # the model's INVALID_ARG
+    ("completions", {"prompt": "hi", "top_p": 1.5, "stream": True}, 400, "top_p"),         # ... before a stream
+    ("completions", {"prompt": "", "max_tokens": 4}, 400, "prompt"),                        # text_input -> prompt
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000},
+     400, "max_completion_tokens"),
+    ("completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("completions", {"prompt": "hi", "temprature": 0.5}, 400, "temprature"),
+    ("completions", {"prompt": "hi", "max_tokens": "8"}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi", "stop": ["x"] * 17}, 400, "stop"),
+    ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
+    ("completions", {"prompt": "hi", "logprobs": 3}, 400, "logprobs"),
+])
+def test_bad_input_is_a_400_naming_the_parameter(frontend, path, body, status, param):
+    r = requests.post(f"{frontend}/v1/{path}", json={"model": "continuous_batching", **body}, timeout=60)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: ")
+    assert error["type"] == "invalid_request_error"
+
+
+def test_the_sdk_sees_unknown_models_as_404_and_refusals_as_400(sdk):
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        sdk.completions.create(model="gpt-4", prompt="hi", max_tokens=4)
+    with pytest.raises(openai.NotFoundError, match="unknown model"):  # servable, but not on this server
+        sdk.completions.create(model="continuous_batching_trtllm", prompt="hi", max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="only n=1"):
+        sdk.chat.completions.create(model="dynamic_batching", n=2, max_tokens=4,
+                                    messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_client_that_leaves_a_stream_frees_its_kv(server, frontend):
+    model = "continuous_batching"
+    body = {"model": model, "prompt": "Cancel me", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    before = metric_value(server, "batchlm_generated_tokens_total", model) or 0.0
+    with requests.post(f"{frontend}/v1/completions", json=body, stream=True, timeout=60) as r:
+        events = r.iter_lines()
+        assert sum(1 for line, _ in zip(events, range(6)) if line) >= 3  # a few tokens came
+        assert _metric_above_zero(server, "batchlm_kv_blocks_used", model)
+    left = time.monotonic()
+    assert metric_reaches(server, "batchlm_kv_blocks_used", model, 0, timeout=10) == 0
+    freed_after = time.monotonic() - left
+    generated = metric_value(server, "batchlm_generated_tokens_total", model) - before
+    assert generated < 900 / 2, f"{generated:.0f} tokens generated for a stream whose client left"
+    assert freed_after < 5
+
+
+def test_a_client_that_leaves_a_parked_request_cancels_it(server, frontend):
+    """static_batching parks a lone request until 7 more come; its client gives up, and the frontend
+    cancels the Triton request, which the model closes (its watchdog checks every 0.5 s)."""
+    model = "static_batching"
+    body = {"model": model, "prompt": "Parked", "max_tokens": 4}
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(requests.post, f"{frontend}/v1/completions", json=body, timeout=2.0)
+        assert metric_reaches(server, "batchlm_waiting_requests", model, 1, timeout=5) == 1
+        with pytest.raises(requests.Timeout):
+            asked.result()
+    assert metric_reaches(server, "batchlm_waiting_requests", model, 0, timeout=10) == 0
+
+
+def test_concurrent_streams_each_get_their_whole_answer(sdk, triton):
+    prompts = [f"Stream {i} says" for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda p: _ask(sdk, "continuous_batching", "completion", True, p), prompts))
+    for prompt, (text, finish, usage) in zip(prompts, answers):
+        assert text == _reference(triton, prompt).text and finish == "length" and usage.completion_tokens == TOKENS
+
+
+def test_locust_openai_user_reports_ttft_and_e2e(frontend, tmp_path):
+    """locustfiles/openai_user.py, headless for 3 s: streamed chats, TTFT before E2E, no failure."""
+    prefix, log = tmp_path / "run", tmp_path / "locust.log"
+    command = [str(Path(sys.executable).parent / "locust"), "-f", "locustfiles/openai_user.py", "--headless",
+               "--host", frontend, "--model", "continuous_batching", "-u", "2", "-r", "2", "-t", "3s",
+               "--csv", str(prefix), "--output-mean", "8", "--output-cap", "16"]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    with open(f"{prefix}_stats.csv", newline="") as f:
+        rows = {f"{r['Type']} {r['Name']}": r for r in csv.DictReader(f) if r["Type"]}
+    assert set(rows) == {"TTFT openai continuous_batching", "E2E openai continuous_batching"}, rows
+    for row in rows.values():
+        assert int(row["Request Count"]) > 0 and int(row["Failure Count"]) == 0, row
+        assert float(row["Average Content Size"]) > 0
+    assert float(rows["TTFT openai continuous_batching"]["Average Response Time"]) < \
+        float(rows["E2E openai continuous_batching"]["Average Response Time"])
