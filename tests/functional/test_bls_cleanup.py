@@ -7,7 +7,8 @@ the GIL.
 of each call's cleanup, so Python lets go first). Without `--remedy`, 16 in flight, its caller's stub
 died in 6 of 8 runs (after 64 and 29 of 1,600 requests, 176 of 320, 65, 66 and 320 of
 480; the other two answered all 320 and all 480). With `--remedy` (one `is_cancelled()` before letting go) every
-request must be answered and both stubs must be alive at the end.
+request must be answered and both stubs must be alive at the end (320 requests: 5 of those 6 deaths came
+within the first 176).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from batchlm.paths import PROJECT_ROOT
 
 def test_a_round_trip_after_the_call_keeps_the_stub_alive(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tests.functional.bls_threads_repro", "--noise", "--remedy",
-                           "--concurrency", "16", "--requests", "480", "--work", str(tmp_path)],
+                           "--concurrency", "16", "--requests", "320", "--work", str(tmp_path)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "answered 480 of 480, stalled 0" in proc.stdout
+    assert "answered 320 of 320, stalled 0" in proc.stdout
     assert "stubs alive at the end: ['callee', 'caller']" in proc.stdout

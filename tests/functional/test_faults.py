@@ -17,7 +17,7 @@ from tests.functional.conftest import metric_reaches, repository_api
 MODEL = "continuous_batching"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def faulty(server):
     """Loads continuous_batching with a fault plan; the repository's config.pbtxt again afterwards."""
     llm = LLMClient(server.http_url, server.grpc_url, timeout=120)

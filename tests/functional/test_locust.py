@@ -87,7 +87,7 @@ def _protocol(locustfile: str, extra: tuple[str, ...] = ()) -> str:
 def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, users, extra):
     prefix = tmp_path / "run"
     rc = _run(["-f", locustfile, "--headless", "--host", _host(server, locustfile), "--model", model,
-               "-u", str(users), "-r", str(users), "-t", "4s", "--csv", str(prefix), *SHORT_OUTPUTS, *extra],
+               "-u", str(users), "-r", str(users), "-t", "3s", "--csv", str(prefix), *SHORT_OUTPUTS, *extra],
               tmp_path / "locust.log", timeout=90)
     log = (tmp_path / "locust.log").read_text()
     assert rc == 0, log[-3000:]
@@ -96,8 +96,8 @@ def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, 
     rows = _event_rows(prefix)
     assert set(rows) == {f"TTFT {protocol} {model}", f"E2E {protocol} {model}"}, rows
     # the Locust table from this run's CSV: one row per event, its request count as Locust wrote it
-    table = subprocess.run([sys.executable, "-m", "batchlm.bench", "locust-table", f"{prefix}_stats.csv"], cwd=PROJECT_ROOT,
-                           capture_output=True, text=True, timeout=60)
+    table = subprocess.run([sys.executable, "-m", "batchlm.bench", "locust-table", f"{prefix}_stats.csv"],
+                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
     for kind in ("E2E", "TTFT"):
         assert f"| `{model}` | {protocol} | {kind} | {int(rows[f'{kind} {protocol} {model}']['Request Count'])} | 0 |" \
@@ -238,12 +238,12 @@ def small_server(tmp_path_factory):
 ])
 def test_step_load_past_capacity_fails_with_tritons_message(small_server, tmp_path, locustfile, model, message,
                                                             extra):
-    """Steps to 32 users, twice what static batching admits (8 running, 8 waiting), so some must be
+    """Steps to 32 users, 2 s a step, twice what static batching admits (8 running, 8 waiting), so some must be
     refused however the timing falls. A last step of 24 (1.5x) saw no refusal in one CI run: refused
     users back off for a second and, with requests in transit on the client side, often found room."""
     prefix = tmp_path / "run"
     rc = _run(["-f", f"{locustfile},{STEP_LOAD}", "--headless", "--host", _host(small_server, locustfile),
-               "--model", model, "--step-users", "8", "--step-time", "3", "--steps", "4",
+               "--model", model, "--step-users", "8", "--step-time", "2", "--steps", "4",
                "--csv", str(prefix), *SHORT_OUTPUTS, *extra],
               tmp_path / "locust.log", timeout=90)
     log = (tmp_path / "locust.log").read_text()
