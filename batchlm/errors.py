@@ -17,6 +17,19 @@ class InvalidArgument(ValueError):
         self.message = message
 
 
+# Every Unavailable's message starts with this, on every endpoint: Triton's /generate answers every model
+# error with HTTP 400, so a client there tells a refusal it may retry from bad input (whose message starts
+# with the field's name) by this prefix alone.
+UNAVAILABLE_PREFIX = "UNAVAILABLE: "
+
+
 class Unavailable(RuntimeError):
     """The model cannot take the request now (queue full, unloading); the client may retry.
-    The serving layer maps it to Triton's UNAVAILABLE."""
+    The serving layer maps it to Triton's UNAVAILABLE.
+
+    `str(err)` reads "UNAVAILABLE: <message>": "... is overloaded: ..." when a queue is full, "... is
+    unloading" or "... was unloaded ..." when the model is going away.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(UNAVAILABLE_PREFIX + message)

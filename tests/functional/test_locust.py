@@ -229,11 +229,14 @@ def small_server(tmp_path_factory):
 
 
 @pytest.mark.parametrize("locustfile, model, message, extra", [
-    (GRPC_USER, "static_batching", "[stream] static_batching is overloaded: 8 requests already waiting", ()),
+    (GRPC_USER, "static_batching", "[stream] UNAVAILABLE: static_batching is overloaded: 8 requests already waiting",
+     ()),
     (HTTP_USER, "dynamic_batching", "[503] [request id: <id_unknown>] Exceeds maximum queue size", ()),
-    (HTTP_USER, "continuous_batching", "[400] continuous_batching is overloaded: 4 requests already waiting", ()),
+    # /generate answers 400 for every model error: the message's prefix says it is a refusal to retry
+    (HTTP_USER, "continuous_batching",
+     "[400] UNAVAILABLE: continuous_batching is overloaded: 4 requests already waiting", ()),
     # /infer keeps the model's UNAVAILABLE as 503, where /generate reads 400
-    (HTTP_USER, "static_batching", "[503] static_batching is overloaded: 8 requests already waiting",
+    (HTTP_USER, "static_batching", "[503] UNAVAILABLE: static_batching is overloaded: 8 requests already waiting",
      ("--http-endpoint", "infer")),
 ])
 def test_step_load_past_capacity_fails_with_tritons_message(small_server, tmp_path, locustfile, model, message,
