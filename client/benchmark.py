@@ -8,7 +8,10 @@ stream (true TTFT and inter-token gaps); the others answer once, so their TTFT i
 `protocol` picks the transport: "http" (default: `/generate`, and `/generate_stream` server-sent events
 when streaming), "grpc" (`ModelInfer`, and a `ModelStreamInfer` stream for decoupled models) or "infer"
 (HTTP `/infer`, one answer, only for models that are not decoupled; its failures carry Triton's status,
-503 for an overload, where `/generate` on tritonserver 2.51 answers every model error with 400).
+503 for an overload, where `/generate` on tritonserver 2.51 answers every model error with 400), or
+"openai" (OPENAI_PROTOCOL: `/v1/completions` of the OpenAI-compatible frontend at `openai_url`, through
+client/openai_client.py; Triton's HTTP address still serves the model's config and its metrics the
+timeline; streamed where the model streams, its token counts from the answer's `usage`).
 The client shares the machine with the server, so its own cost per response is part of what it
 measures: on the 2-core machine a streamed response costs this client about 0.55 ms of CPU over gRPC
 and 0.18 ms over HTTP (`batchlm-bench client-cost`), hence the default.
@@ -30,6 +33,7 @@ from tritonclient.utils import InferenceServerException
 from batchlm.bench.workload import WorkloadRequest
 from client.arrivals import CLOSED, ArrivalSpec
 from client.metrics_timeline import MetricsTimeline, requests_per_execution, saturated_window
+from client.openai_client import DEFAULT_OPENAI_URL, OPENAI_PROTOCOL, OpenAIClient
 from client.request_record import SLO, RequestRecord, summarize
 from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
 
@@ -75,12 +79,14 @@ class BenchmarkConfig:
     slo: SLO = field(default_factory=SLO)
     timeout: float = 900.0         # per request, seconds
     max_open_in_flight: int = 512  # open loop: threads available to requests in flight
-    protocol: str = "http"         # "http", "grpc" or "infer" (see the module docstring)
+    protocol: str = "http"         # "http", "grpc", "infer" or "openai" (see the module docstring)
+    openai_url: str = DEFAULT_OPENAI_URL  # protocol "openai": the OpenAI-compatible server's /v1
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"BenchmarkConfig.protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
-        if self.protocol not in STREAMING_PROTOCOLS and self.stream:
+        if self.protocol not in (*PROTOCOLS, OPENAI_PROTOCOL):
+            raise ValueError(f"BenchmarkConfig.protocol must be one of {(*PROTOCOLS, OPENAI_PROTOCOL)}, "
+                             f"got {self.protocol!r}")
+        if self.protocol not in (*STREAMING_PROTOCOLS, OPENAI_PROTOCOL) and self.stream:
             raise ValueError(f"BenchmarkConfig.stream: protocol {self.protocol!r} cannot stream; "
                              f"use one of {STREAMING_PROTOCOLS}")
 
@@ -148,7 +154,8 @@ class Benchmark:
         """Send every request and wait for all answers; failures are recorded, not raised."""
         probe = self._probe = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout)
         try:
-            via = self.config.protocol
+            openai = self.config.protocol == OPENAI_PROTOCOL
+            via = "http" if openai else self.config.protocol  # NOTE: openai: the config from Triton's HTTP
             if "num_output_tokens" not in probe.outputs(self.config.model, via):
                 raise UnmeasurableModel(f"{self.config.model} has no num_output_tokens output: the benchmark "
                                         "counts each request's tokens from it")
@@ -157,10 +164,14 @@ class Benchmark:
                 raise UnmeasurableModel(problem)
             if self.config.protocol == "grpc":
                 probe.check_grpc()  # NOTE: else an unreachable gRPC address fails every request, not the run
-            if self.config.protocol not in STREAMING_PROTOCOLS and probe.is_decoupled(self.config.model, via):
+            if openai:
+                self._check_openai()
+            elif self.config.protocol not in STREAMING_PROTOCOLS and probe.is_decoupled(self.config.model, via):
                 raise UnmeasurableModel(f"{self.config.model} is decoupled, and protocol {self.config.protocol!r} "
                                         f"(HTTP /infer) cannot reach it; use one of {STREAMING_PROTOCOLS}")
-            if self.config.stream is None:
+            if self.config.stream is None and openai:  # the frontend streams what the model streams
+                self._streamed = probe.is_decoupled(self.config.model, via)
+            elif self.config.stream is None:
                 self._streamed = can_stream(probe, self.config.model, self.config.protocol)
             else:
                 self._streamed = self.config.stream
@@ -181,6 +192,17 @@ class Benchmark:
         duration = max((r.sent_at + r.latency for r in records), default=0.0)
         samples = timeline.as_dicts() if timeline is not None else []
         return BenchmarkRun(self.config, self._streamed, records, duration, samples)
+
+    def _check_openai(self) -> None:
+        """The OpenAI-compatible server answers and serves the model (else RequestFailed, before the run)."""
+        oa = OpenAIClient(self.config.openai_url, timeout=30.0)
+        try:
+            served = oa.served()
+        finally:
+            oa.close()
+        if self.config.model not in served:
+            raise RequestFailed("404", f"{self.config.openai_url} does not serve {self.config.model}; it serves "
+                                       f"{', '.join(served) or 'none'}")
 
     def _close_clients(self) -> None:
         for llm in self._clients:
@@ -222,10 +244,14 @@ class Benchmark:
             return [f.result() for f in futures]
 
     # -- one request ---------------------------------------------------------------------------
-    def _client(self) -> LLMClient:
+    def _client(self) -> LLMClient | OpenAIClient:
         llm = getattr(self._local, "llm", None)
         if llm is None:
-            llm = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout, configs_of=self._probe)
+            if self.config.protocol == OPENAI_PROTOCOL:
+                llm = OpenAIClient(self.config.openai_url, self.config.timeout)
+            else:
+                llm = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout,
+                                configs_of=self._probe)
             self._local.llm = llm
             with self._clients_lock:
                 self._clients.append(llm)
@@ -239,7 +265,10 @@ class Benchmark:
         options = dict(ignore_eos=True, temperature=0.0)
         ask = (self.config.protocol, self.config.model, request.prompt, request.max_tokens)
         try:
-            if self._streamed:
+            if isinstance(llm, OpenAIClient):
+                result = llm.complete(self.config.model, request.prompt, request.max_tokens,
+                                      stream=self._streamed, start=start, **options)
+            elif self._streamed:
                 result = collect(llm.stream(*ask, stream=True, **options), start)
             else:
                 result = llm.answer(*ask, **options)

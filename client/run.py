@@ -5,10 +5,13 @@
     batchlm-bench run dynamic_batching --start-server --output-min 128 --output-cap 128
     batchlm-bench run dynamic_batching --start-server \
         --set dynamic_batching.max_queue_delay_microseconds=200000
+    batchlm-bench run continuous_batching --protocol openai --start-server --concurrency 32 --num-requests 128
 
 Against a running server (--http/--grpc/--metrics), or `--start-server` to bring one up with only
 this model loaded, from the repository or, with --set, from a copy of its folder whose config.pbtxt
-has those fields changed. The workload is batchlm.bench.workload.WorkloadSpec, seeded; its flags default to
+has those fields changed. `--protocol openai` sends the requests to an OpenAI-compatible server's
+/v1/completions instead (`--openai-url`; with --start-server, a frontend started next to the server).
+The workload is batchlm.bench.workload.WorkloadSpec, seeded; its flags default to
 the spec's defaults.
 """
 
@@ -23,11 +26,13 @@ from pathlib import Path
 
 from batchlm.bench.workload import WorkloadSpec, build_requests
 from batchlm.paths import DEFAULT_REPOSITORY
-from batchlm.server.triton_server import TritonServer, exit_cleanly_on_sigterm, free_port
+from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
+from batchlm.server.triton_server import exit_cleanly_on_sigterm, free_port
 from client.arrivals import ArrivalSpec
 from client.benchmark import BenchmarkConfig, UnmeasurableModel
 from client.config_override import ConfigOverride, overridden_config, overridden_repository
 from client.metrics_timeline import metrics_problem
+from client.openai_client import DEFAULT_OPENAI_URL, OPENAI_PROTOCOL
 from client.report import markdown_table, measure, summary_row, write_run
 from client.request_record import SLO
 from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, unreachable
@@ -53,10 +58,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("results/benchmark"))
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                    help="stream the answer (default: when the model can)")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="http",
+    p.add_argument("--protocol", choices=(*PROTOCOLS, OPENAI_PROTOCOL), default="http",
                    help="http: /generate and /generate_stream (SSE); grpc: infer and streams; infer: HTTP "
-                        "/infer, one answer, models that are not decoupled, with Triton's status codes "
-                        "(default: http)")
+                        "/infer, one answer, models that are not decoupled, with Triton's status codes; "
+                        "openai: /v1/completions of the OpenAI-compatible frontend at --openai-url "
+                        "(--http and --metrics still name the Triton behind it) (default: http)")
+    p.add_argument("--openai-url", default=DEFAULT_OPENAI_URL,
+                   help=f"--protocol openai: the frontend's base URL (default: {DEFAULT_OPENAI_URL}; with "
+                        "--start-server, one started next to the server on a free port)")
     p.add_argument("--set", dest="overrides", metavar="PATH=VALUE", action="append", default=[],
                    help="with --start-server: serve the model with this config.pbtxt field changed (repeatable), "
                         "e.g. dynamic_batching.max_queue_delay_microseconds=200000, parameters.max_num_seqs=16, "
@@ -79,8 +88,9 @@ def parse_args() -> argparse.Namespace:
         args.overrides = [ConfigOverride.parse(text) for text in args.overrides]
     except ValueError as exc:
         p.error(f"--set {exc}")
-    if args.stream and args.protocol not in STREAMING_PROTOCOLS:
-        p.error(f"--stream: --protocol {args.protocol} cannot stream; use one of {', '.join(STREAMING_PROTOCOLS)}")
+    if args.stream and args.protocol not in (*STREAMING_PROTOCOLS, OPENAI_PROTOCOL):
+        p.error(f"--stream: --protocol {args.protocol} cannot stream; use one of "
+                f"{', '.join((*STREAMING_PROTOCOLS, OPENAI_PROTOCOL))}")
     try:
         args.spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests,
                                  prompt_tokens_min=args.prompt_tokens_min, prompt_tokens_max=args.prompt_tokens_max,
@@ -120,14 +130,19 @@ def main() -> None:
     if scratch is not None:  # NOTE: parse_args checked the overrides against the config
         repository = overridden_repository(args.model_repository, args.model, args.overrides, Path(scratch.name))
     if args.start_server:
-        server = TritonServer(model_repository=repository,
-                              http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                              log_path=args.out / "server.log",
-                              extra_args=("--model-control-mode=explicit", f"--load-model={args.model}"))
+        # NOTE: --protocol openai: the frontend starts once the server is ready, and stops first
+        frontend = FrontendProcess("", port=free_port(), log_path=args.out / "frontend.log") \
+            if args.protocol == OPENAI_PROTOCOL else None
+        server = ServerWithFrontend(model_repository=repository,
+                                    http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                                    log_path=args.out / "server.log",
+                                    extra_args=("--model-control-mode=explicit", f"--load-model={args.model}"),
+                                    frontend=frontend)
         args.out.mkdir(parents=True, exist_ok=True)
         try:
             server.start(timeout=300)
         except (RuntimeError, TimeoutError) as exc:  # NOTE: e.g. an override Triton refuses; start() stopped it
+            server.stop()  # NOTE: a frontend that did not start leaves the server running
             if scratch is not None:
                 scratch.cleanup()
             failures = server.load_failures()
@@ -138,10 +153,12 @@ def main() -> None:
                 print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
         args.http, args.grpc, args.metrics = server.http_url, server.grpc_url, server.metrics_url
+        if frontend is not None:
+            args.openai_url = f"{frontend.url}/v1"
     try:
         config = BenchmarkConfig(args.model, args.http, args.grpc, args.metrics, arrival,
                                  slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot), stream=args.stream,
-                                 protocol=args.protocol)
+                                 protocol=args.protocol, openai_url=args.openai_url)
         print(f"{args.model}: {arrival.label}, {spec.num_requests} requests; step-count bound of "
               f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
         with contextlib.closing(LLMClient(args.http, args.grpc)) as probe:

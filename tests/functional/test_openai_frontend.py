@@ -26,7 +26,7 @@ from batchlm.frontend.process import FrontendProcess
 from batchlm.paths import DEFAULT_MODEL_DIR, PROJECT_ROOT
 from batchlm.server.triton_server import free_port
 from client.triton_llm import LLMClient
-from tests.functional.conftest import is_alive, metric_reaches, metric_value
+from tests.functional.conftest import is_alive, metric_reaches, metric_value, repository_api
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 TOKENS = 8
@@ -236,3 +236,65 @@ def test_locust_openai_user_reports_ttft_and_e2e(frontend, tmp_path):
         assert float(row["Average Content Size"]) > 0
     assert float(rows["TTFT openai continuous_batching"]["Average Response Time"]) < \
         float(rows["E2E openai continuous_batching"]["Average Response Time"])
+
+
+def test_the_serving_benchmark_runs_through_the_frontend(tmp_path):
+    """`batchlm-bench run --protocol openai --start-server`: its own tritonserver and frontend, every
+    request streamed through /v1/completions, each answered with exactly the tokens it asked for."""
+    command = [str(Path(sys.executable).parent / "batchlm-bench"), "run", "continuous_batching", "--protocol",
+               "openai", "--start-server", "--concurrency", "2", "--num-requests", "4", "--output-mean", "4",
+               "--output-cap", "8", "--out", str(tmp_path)]
+    proc = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "no failures" in proc.stdout
+    doc = json.loads(next(tmp_path.glob("continuous_batching-*.json")).read_text())
+    assert doc["protocol"] == "openai" and doc["streamed"]
+    requests_ = doc["requests"]
+    assert len(requests_) == 4 and all(r["error"] is None for r in requests_)
+    assert [r["num_output_tokens"] for r in requests_] == [r["max_tokens"] for r in requests_]
+    assert doc["summary"]["output_tokens"] == sum(r["max_tokens"] for r in requests_)
+    assert all(r["chunk_times"] and r["ttft"] == r["chunk_times"][0] for r in requests_)
+
+
+def test_an_overloaded_model_is_a_429_in_openais_error_shape(server, frontend):
+    """continuous_batching with one sequence slot and one waiting place, sent a burst of 8 long requests
+    through the frontend, streamed and not: those beyond the slot and the waiting place get 429
+    `rate_limit_error` / `overloaded`; the others are answered in full, and the model keeps serving."""
+    model = "continuous_batching"
+    config = requests.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
+    config["parameters"]["max_num_seqs"] = {"string_value": "1"}
+    config["parameters"]["max_waiting"] = {"string_value": "1"}
+    r = repository_api(server, model, "load", config)
+    assert r.status_code == 200, r.text
+
+    def send(i):
+        body = {"model": model, "prompt": f"Burst {i}", "max_tokens": 64, "ignore_eos": True, "stream": i % 2 == 1}
+        with requests.post(f"{frontend}/v1/completions", json=body, stream=True, timeout=120) as r:
+            return r.status_code, r.headers.get("content-type", ""), r.content
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            burst = list(pool.map(send, range(8)))
+        after = requests.post(f"{frontend}/v1/completions", timeout=60, json={
+            "model": model, "prompt": "Still serving?", "max_tokens": 4, "ignore_eos": True})
+    finally:  # back to the repository's config.pbtxt: a load alone would keep the override
+        r = repository_api(server, model, "unload", timeout=120)
+        assert r.status_code == 200, r.text
+        r = repository_api(server, model, "load")
+        assert r.status_code == 200, r.text
+    statuses = [status for status, _, _ in burst]
+    assert set(statuses) <= {200, 429} and statuses.count(429) >= 1 and statuses.count(200) >= 1, statuses
+    for status, content_type, content in burst:
+        if status == 429:  # a plain HTTP error, streamed or not: the model refused before any text
+            assert content_type.startswith("application/json")
+            error = json.loads(content)["error"]
+            assert (error["type"], error["code"], error["param"]) == ("rate_limit_error", "overloaded", None)
+            assert f"{model} is overloaded" in error["message"]
+        elif content_type.startswith("text/event-stream"):
+            assert content.decode().rstrip().endswith("data: [DONE]") and b'"error"' not in content
+        else:
+            assert json.loads(content)["usage"]["completion_tokens"] == 64
+    assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
+    r = requests.post(f"{frontend}/v1/completions", timeout=60, json={   # and with its own config again
+        "model": model, "prompt": "Back again?", "max_tokens": 4, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
