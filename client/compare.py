@@ -1,6 +1,10 @@
 """The measured comparison of static, dynamic and continuous batching: `make compare`.
 
     batchlm-bench compare [--out results/compare] [--lock-file /tmp/batchlm-cpu.lock] [--publish docs/results]
+                          [--protocol http|grpc|openai]
+
+`--protocol` is the benchmark client's door: Triton's HTTP (default) or gRPC, or `openai`, through an
+OpenAI-compatible frontend started next to every run's server.
 
 Every run gets its own tritonserver (free ports, only that model loaded, so strategies never share the
 CPU), warmed up, and the same seeded workload (batchlm.bench.workload defaults):
@@ -43,12 +47,14 @@ from tritonclient.grpc import model_config_pb2
 
 from batchlm.bench.workload import WorkloadRequest, WorkloadSpec, build_requests
 from batchlm.engine.engine_config import EngineConfig
+from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
 from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
 from batchlm.server.triton_server import TritonServer, exit_cleanly_on_sigterm, free_port
 from batchlm.serving.serving_config import ServingConfig
 from client import comparison, plots
 from client.arrivals import ArrivalSpec
 from client.benchmark import Benchmark, BenchmarkConfig, unfillable_batches
+from client.openai_client import OPENAI_PROTOCOL
 from client.report import markdown_table, measure, summary_row, write_run
 from client.triton_llm import STREAMING_PROTOCOLS
 
@@ -74,8 +80,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--same-kv-seqs", type=int, default=64)
     p.add_argument("--same-kv-requests", type=int,
                    help="saturation requests of the same-KV run (default: as many per slot as the others)")
-    p.add_argument("--protocol", choices=STREAMING_PROTOCOLS, default="http",
-                   help="the benchmark client's transport (client.benchmark; default: http)")
+    p.add_argument("--protocol", choices=(*STREAMING_PROTOCOLS, OPENAI_PROTOCOL), default="http",
+                   help="the benchmark client's transport (client.benchmark; default: http); openai: every "
+                        "run through an OpenAI-compatible frontend started next to its server")
     p.add_argument("--lock-file", type=Path, help="hold this flock while a server or a measurement runs")
     p.add_argument("--publish", type=Path, help="also copy comparison.md and plots/ here")
     p.add_argument("--report-only", action="store_true",
@@ -109,10 +116,13 @@ class Comparison:
 
     @contextlib.contextmanager
     def _server(self, model: str, repository: Path = DEFAULT_REPOSITORY):
-        server = TritonServer(model_repository=repository, http_port=free_port(), grpc_port=free_port(),
-                              metrics_port=free_port(), log_path=self.out / "logs" / f"{model}.log",
-                              extra_args=("--model-control-mode=explicit", f"--load-model={model}"))
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        frontend = FrontendProcess("", port=free_port(), log_path=self.out / "logs" / f"{model}-frontend.log") \
+            if self.args.protocol == OPENAI_PROTOCOL else None
+        server = ServerWithFrontend(model_repository=repository, http_port=free_port(), grpc_port=free_port(),
+                                    metrics_port=free_port(), log_path=self.out / "logs" / f"{model}.log",
+                                    extra_args=("--model-control-mode=explicit", f"--load-model={model}"),
+                                    frontend=frontend)
         with self._cpu():
             server.start(timeout=300)
             try:
@@ -126,9 +136,10 @@ class Comparison:
         Benchmark(self._config(server, model, ArrivalSpec.closed_loop(8), metrics=False)).run(warm)
 
     def _config(self, server, model, arrival, metrics=True, stream: bool | None = None) -> BenchmarkConfig:
+        openai = {"openai_url": f"{server.frontend.url}/v1"} if server.frontend is not None else {}
         return BenchmarkConfig(model, server.http_url, server.grpc_url,
                                server.metrics_url if metrics else None, arrival, stream=stream,
-                               protocol=self.args.protocol)
+                               protocol=self.args.protocol, **openai)
 
     def _measure(self, role: str, server, model: str, arrival: ArrivalSpec, requests,
                  stream: bool | None = None) -> dict:
@@ -250,7 +261,8 @@ class Comparison:
     def _protocols(self) -> str:
         """The transports the runs used (runs measured before the option existed used gRPC)."""
         names = {"http": "HTTP (/generate, and /generate_stream server-sent events when streamed)",
-                 "grpc": "gRPC (infer, and a stream for decoupled models)"}
+                 "grpc": "gRPC (infer, and a stream for decoupled models)",
+                 "openai": "the OpenAI-compatible frontend (/v1/completions, streamed where the model streams)"}
         used = sorted({d.get("protocol", "grpc") for d in self.docs.values()})
         return "; ".join(names[u] for u in used)
 

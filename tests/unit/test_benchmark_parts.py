@@ -291,6 +291,26 @@ def test_sweep_rows_take_medians_over_rounds_and_add_up_answers_and_failures():
     assert "| 0 | 3.000 | 3.000 | 1.000 | 200.0 | - | 2.000 |" in table
 
 
+def test_compare_runs_through_either_door(monkeypatch, tmp_path):
+    """`compare --protocol openai` gives every run's server a frontend and points the benchmark at it; the
+    other transports go to Triton straight."""
+    import sys
+
+    from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
+    from client import compare
+    from client.arrivals import ArrivalSpec
+
+    for protocol in ("openai", "grpc"):
+        monkeypatch.setattr(sys, "argv", ["compare", "--protocol", protocol, "--num-requests", "8",
+                                          "--num-open", "8", "--num-reference", "8", "--out", str(tmp_path)])
+        runner = compare.Comparison(compare.parse_args())
+        frontend = FrontendProcess("", port=9123) if protocol == "openai" else None
+        server = ServerWithFrontend(frontend=frontend)
+        config = runner._config(server, "continuous_batching", ArrivalSpec.closed_loop(8))
+        assert config.protocol == protocol
+        assert (config.openai_url == "http://127.0.0.1:9123/v1") is (protocol == "openai"), config.openai_url
+
+
 @pytest.mark.parametrize("args, said", [
     (["--num-reference", "100"], "--num-reference: static_batching answers only full batches of 8: the last 4 of 100"),
     (["--concurrency", "4"], "--num-requests / --concurrency: static_batching answers only full batches of 8: "
