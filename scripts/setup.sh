@@ -85,7 +85,7 @@ PY
   fi
 fi
 
-# 3. The native CPU kernels, attention, matmul and element-wise ops (batchlm/kernels, ~35 s with g++;
+# 3. The native CPU kernels, attention, matmul and element-wise ops (batchlm/kernels, ~20 s with g++ on 2 cores;
 #    rebuilt only when a source, torch or the CPU changes). Without them the engine falls back to torch's
 #    SDPA, oneDNN's matmul and torch's element-wise ops, and the kernel tests fail.
 mkdir -p "$root/.cache"

@@ -21,6 +21,7 @@ import os
 import platform
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -62,10 +63,20 @@ def compiler_args() -> list[str]:
     return ["g++", *CXXFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *[f"-I{p}" for p in include_paths()]]
 
 
-def _compile_command(out: Path) -> list[str]:
+def _compile(out: Path) -> None:
+    """Compile every source to an object file, all at once (one g++ each: a source's code does not
+    depend on the others', so this is what one g++ call with all of them makes, in about half the time on
+    two cores), then link them into `out`. Raises CalledProcessError."""
     torch_lib = Path(torch.__file__).resolve().parent / "lib"
-    return [*compiler_args(), *map(str, SOURCES), "-o", str(out),
-            f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
+    with tempfile.TemporaryDirectory(dir=BUILD_DIR, prefix=".objects-") as scratch:
+        objects = [Path(scratch) / f"{source.stem}.o" for source in SOURCES]
+        with ThreadPoolExecutor(len(SOURCES)) as pool:
+            runs = [pool.submit(subprocess.run, [*compiler_args(), "-c", str(source), "-o", str(obj)], check=True)
+                    for source, obj in zip(SOURCES, objects)]
+            for run in runs:
+                run.result()
+        subprocess.run([*compiler_args(), *map(str, objects), "-o", str(out), f"-L{torch_lib}", "-lc10",
+                        "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"], check=True)
 
 
 def _key_parts() -> dict[str, str]:
@@ -100,7 +111,7 @@ def build(force: bool = False) -> Path:
         os.close(fd)
         tmp = Path(tmp_name)
         try:
-            subprocess.run(_compile_command(tmp), check=True)
+            _compile(tmp)
             tmp.replace(out)  # NOTE: atomic: a concurrent loader never sees half a file
         finally:
             tmp.unlink(missing_ok=True)

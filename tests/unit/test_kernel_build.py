@@ -65,14 +65,14 @@ def test_a_missing_library_is_said_not_silent(tmp_path):
 
 
 BUILDER = """
-import json, sys
+import json, subprocess, sys
 from pathlib import Path
 from batchlm import kernels
 kernels.BUILD_DIR = Path(sys.argv[1])
 log = sys.argv[2]
 # a stand-in compiler: says when it starts and ends, and writes the output file late
-kernels._compile_command = lambda out: ["sh", "-c", f"echo start $(date +%s.%N) >> {log}; sleep 0.4; "
-                                        f"echo lib > {out}; echo end $(date +%s.%N) >> {log}"]
+kernels._compile = lambda out: subprocess.run(["sh", "-c", f"echo start $(date +%s.%N) >> {log}; sleep 0.4; "
+                                              f"echo lib > {out}; echo end $(date +%s.%N) >> {log}"], check=True)
 print(kernels.build(force=True))
 """
 
