@@ -27,6 +27,7 @@ from batchlm.engine.request_output import RequestOutput
 from batchlm.engine.sampling import SamplingParams
 from batchlm.engine.scheduler import KVPolicy, Scheduler, SchedulerOutput, check_fits
 from batchlm.engine.sequence import Sequence
+from batchlm.engine.thread_governor import ThreadGovernor
 from batchlm.errors import InvalidArgument
 from batchlm.model.checkpoint import load_model
 from batchlm.model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -74,6 +75,9 @@ class LLMEngine:
         self._total_generated = 0
         self._ids = itertools.count()
         self._builder_thread: int | None = threading.get_ident()  # None once warned
+        self._governor = (ThreadGovernor(config.num_threads)
+                          if config.adaptive_threads and config.num_threads > 1 else None)
+        self._threads = config.num_threads
 
     # --- requests ---
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> None:
@@ -124,6 +128,11 @@ class LLMEngine:
             warnings.warn("LLMEngine.step() runs on a thread other than the one that built the engine; "
                           "two OpenMP teams can make each step ~1.4x slower on a small CPU (build it on "
                           "its stepping thread, see batchlm.engine.owner_thread)", RuntimeWarning, stacklevel=2)
+        if self._governor is not None:
+            threads = self._governor.threads()
+            if threads != self._threads:
+                self._threads = threads
+                torch.set_num_threads(threads)
         outputs, self._pending = self._pending, []
         scheduled = self.scheduler.schedule()
         sampled = self.runner.run(scheduled)

@@ -25,6 +25,8 @@ class EngineConfig:
     device: str = "cpu"                   # "cpu" or "cuda"
     dtype: str | None = None              # weights and KV; None = float32 on cpu, bfloat16 on cuda
     num_threads: int = 2                  # torch intra-op threads; 0 = leave torch's setting alone
+    adaptive_threads: bool = True         # step with fewer threads while other processes hold cores
+                                          # (batchlm.engine.thread_governor); False: always num_threads
     attention: str = "auto"               # "kernel" (native CPU op, batch-invariant), "torch" (SDPA),
                                           # "auto": the kernel where it is built and can run
     linear: str = "auto"                  # "kernel" (native CPU op, batch-invariant; float32 on AVX-512
@@ -62,7 +64,7 @@ class EngineConfig:
         for name in ("block_size", "num_kv_blocks", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len"):
             _require_int(name, getattr(self, name), minimum=1)
-        for name in ("enable_chunked_prefill", "pad_finished_rows"):
+        for name in ("enable_chunked_prefill", "pad_finished_rows", "adaptive_threads"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgument(name, "must be a bool")
         if self.max_model_len > self.num_kv_blocks * self.block_size:
