@@ -8,7 +8,7 @@ NO_FRONTEND ?=
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: setup serve test test-slow unit bench-engine compare clean
+.PHONY: setup serve test test-slow unit bench-engine bench-peers compare clean
 
 setup:
 	@scripts/setup.sh
@@ -30,6 +30,13 @@ unit: setup
 
 bench-engine: setup
 	.venv/bin/batchlm-bench engine
+
+# The engine next to transformers (continuous batching and generate), CTranslate2 and llama.cpp on one
+# seeded workload (~4 min on 2 cores): results/peers/. Installs the `peers` extra first (llama-cpp-python
+# compiles from source the first time, ~5.5 min). PEERS_ARGS="--engines batchlm,ct2" to run fewer.
+bench-peers: setup
+	.venv/bin/pip install -q -e '.[peers]'
+	.venv/bin/batchlm-bench peers $(PEERS_ARGS)
 
 # The measured comparison of the three strategies (25 to 40 min on 2 cores): results/compare/, and the
 # table and plots copied to docs/results/. COMPARE_ARGS="--lock-file /tmp/x.lock" to share the CPU.

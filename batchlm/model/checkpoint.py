@@ -48,8 +48,12 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 
 
-def default_config(**size: int) -> dict:
-    """The HF config.json of the default model; `size` overrides DEFAULT_SIZE keys (small test models)."""
+def default_config(*, tie_word_embeddings: bool = False, rope_scaling: dict | None = None, **size: int) -> dict:
+    """The HF config.json of the default model; `size` overrides DEFAULT_SIZE keys (small test models).
+
+    `tie_word_embeddings` and `rope_scaling` (an HF rope_scaling object, e.g. `{"rope_type": "linear",
+    "factor": 2.0}`) set those keys, for test models of other shapes; their defaults are the default model's.
+    """
     unknown = set(size) - set(DEFAULT_SIZE)
     if unknown:
         raise TypeError(f"unknown size overrides: {sorted(unknown)} (allowed: {sorted(DEFAULT_SIZE)})")
@@ -61,25 +65,28 @@ def default_config(**size: int) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
-        "rope_scaling": None,
+        "rope_scaling": None if rope_scaling is None else dict(rope_scaling),
         "attention_bias": False,
         "mlp_bias": False,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": tie_word_embeddings,
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
         "torch_dtype": "float32",
     }
 
 
-def write_default_checkpoint(out_dir: str | Path, seed: int = 0, **size: int) -> Path:
+def write_default_checkpoint(out_dir: str | Path, seed: int = 0, *, tie_word_embeddings: bool = False,
+                             rope_scaling: dict | None = None, **size: int) -> Path:
     """Write config.json, model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json.
 
-    Same seed and size give byte-identical files on every run; nothing is downloaded.
+    Same seed, options and size give byte-identical files on every run; nothing is downloaded.
+    `tie_word_embeddings` and `rope_scaling` go to config.json (`default_config`); a tied model's
+    model.safetensors has no lm_head.weight (HF layout; its weights: `random_weights`).
     A manifest (batchlm_checkpoint.json, written last) records the hashes for `default_checkpoint_is_current`.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = default_config(**size)
+    config = default_config(tie_word_embeddings=tie_word_embeddings, rope_scaling=rope_scaling, **size)
     model_config = ModelConfig.from_hf_dict(config)
     files = {
         "config.json": _json_bytes(config),
@@ -103,14 +110,17 @@ def write_default_checkpoint(out_dir: str | Path, seed: int = 0, **size: int) ->
     return out
 
 
-def default_checkpoint_is_current(out_dir: str | Path, seed: int = 0, **size: int) -> bool:
-    """True when `out_dir` holds exactly what write_default_checkpoint(out_dir, seed, **size) would write."""
+def default_checkpoint_is_current(out_dir: str | Path, seed: int = 0, *, tie_word_embeddings: bool = False,
+                                  rope_scaling: dict | None = None, **size: int) -> bool:
+    """True when `out_dir` holds exactly what write_default_checkpoint(out_dir, seed, ...) would write,
+    with the same keyword arguments."""
     out = Path(out_dir)
     try:
         manifest = json.loads((out / MANIFEST).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return False
-    expected = {"format_version": FORMAT_VERSION, "seed": seed, "config": default_config(**size)}
+    config = default_config(tie_word_embeddings=tie_word_embeddings, rope_scaling=rope_scaling, **size)
+    expected = {"format_version": FORMAT_VERSION, "seed": seed, "config": config}
     if any(manifest.get(k) != v for k, v in expected.items()):
         return False
     return all((out / name).is_file() and _sha256(out / name) == digest
@@ -118,7 +128,14 @@ def default_checkpoint_is_current(out_dir: str | Path, seed: int = 0, **size: in
 
 
 def random_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """HF-named float32 tensors; each projection preserves unit variance, lm_head spreads the logits."""
+    """HF-named float32 tensors; each projection preserves unit variance, lm_head spreads the logits.
+
+    With `config.tie_word_embeddings` there is no lm_head.weight: the embedding is the output matrix too.
+    Its rows are then drawn with unit norm (the same random numbers, scaled) and the final norm's weight is
+    LM_HEAD_LOGIT_STD, so the logits spread as the untied model's while a token's own embedding stays a
+    small part of the residual stream. (With a unit-variance embedding, logits had a std of sqrt(D) and
+    the current token's own row led them: greedy repeated one or two tokens for ever.)
+    """
     g = torch.Generator().manual_seed(seed)
     D, hd, I = config.hidden_size, config.head_dim, config.intermediate_size
     H, KVH, V = config.num_heads, config.num_kv_heads, config.vocab_size
@@ -126,7 +143,8 @@ def random_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     def normal(rows: int, cols: int, std: float) -> torch.Tensor:
         return torch.randn(rows, cols, generator=g) * std
 
-    weights = {"model.embed_tokens.weight": normal(V, D, 1.0)}
+    tied = config.tie_word_embeddings
+    weights = {"model.embed_tokens.weight": normal(V, D, 1 / math.sqrt(D) if tied else 1.0)}
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         weights[p + "self_attn.q_proj.weight"] = normal(H * hd, D, 1 / math.sqrt(D))
@@ -138,8 +156,9 @@ def random_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
         weights[p + "mlp.down_proj.weight"] = normal(D, I, 1 / math.sqrt(I))
         weights[p + "input_layernorm.weight"] = torch.ones(D)
         weights[p + "post_attention_layernorm.weight"] = torch.ones(D)
-    weights["model.norm.weight"] = torch.ones(D)
-    weights["lm_head.weight"] = normal(V, D, LM_HEAD_LOGIT_STD / math.sqrt(D))
+    weights["model.norm.weight"] = torch.full((D,), LM_HEAD_LOGIT_STD) if tied else torch.ones(D)
+    if not tied:
+        weights["lm_head.weight"] = normal(V, D, LM_HEAD_LOGIT_STD / math.sqrt(D))
     return weights
 
 

@@ -84,6 +84,22 @@ def test_is_current_detects_seed_size_and_tampering(small_dir, tmp_path):
     assert not default_checkpoint_is_current(tmp_path / "missing", seed=3)
 
 
+def test_tied_and_rope_scaled_checkpoint_in_hf_layout(small_dir, tmp_path):
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    tied = write_default_checkpoint(tmp_path / "tied", seed=3, tie_word_embeddings=True, rope_scaling=scaling, **SMALL)
+    config = json.loads((tied / "config.json").read_text())
+    assert config["tie_word_embeddings"] is True and config["rope_scaling"] == scaling
+    assert "lm_head.weight" not in SafetensorsCheckpoint(tied)  # HF layout: the embedding is the output matrix
+    assert default_checkpoint_is_current(tied, seed=3, tie_word_embeddings=True, rope_scaling=scaling, **SMALL)
+    assert not default_checkpoint_is_current(tied, seed=3, **SMALL)
+    assert not default_checkpoint_is_current(small_dir, seed=3, tie_word_embeddings=True, rope_scaling=scaling,
+                                             **SMALL)
+    model = load_model(tied)
+    assert model.config.tie_word_embeddings and dict(model.config.rope_scaling) == scaling
+    logits = last_logits(model, [1, 50, 60, 70, 80])
+    assert 2.0 < logits.std() < 8.0  # spread as the untied model's (LM_HEAD_LOGIT_STD), not sqrt(hidden_size)
+
+
 def test_load_model_round_trip(small_dir):
     model = load_model(small_dir)
     assert not model.training and model.config == ModelConfig.from_dir(small_dir)
