@@ -33,3 +33,10 @@ class Unavailable(RuntimeError):
 
     def __init__(self, message: str) -> None:
         super().__init__(UNAVAILABLE_PREFIX + message)
+
+
+class TimedOut(Unavailable):
+    """The request's own timeout (Triton's per-request `timeout`) passed before it finished: it left its
+    batch or queue, its KV freed. UNAVAILABLE, as Triton answers a request whose timeout expired in its
+    queue; `str(err)` reads "UNAVAILABLE: <model>: request timeout expired ...".
+    """

@@ -7,6 +7,8 @@ Served (each against a real tritonserver; most can start their own with --start-
     stream-interval  what streaming every N tokens saves (continuous_batching)
     client-cost      the client's CPU per token, per transport
     locust-table     Locust's stats CSV files as one markdown table
+    contention       what a busy process beside the server costs, in process and served
+    soak             Locust at saturation against every model at once; failures, p99 drift, server resources
 In process (the engine alone, no server):
     engine           engine throughput per batch size (`make bench-engine`)
     forward          one forward pass per batch size: where a step's time goes (--profile, --interfere)
@@ -17,6 +19,7 @@ In process (the engine alone, no server):
     invariance       a sequence's tokens do not depend on what shares its batch
     kernel-outputs   save what the kernels compute on fixed inputs, or compare two such files to the bit
     stop-cost        what stop strings cost per generated token
+    peers            the engine next to transformers, CTranslate2 and llama.cpp on one workload (`make bench-peers`)
 
 `batchlm-bench SUBCOMMAND --help` prints each one's options.
 """
@@ -33,6 +36,8 @@ SUBCOMMANDS = {
     "stream-interval": "client.stream_interval",
     "client-cost": "client.client_cost",
     "locust-table": "client.locust_table",
+    "contention": "client.contention",
+    "soak": "client.soak",
     "engine": "batchlm.bench.engine",
     "forward": "batchlm.bench.forward",
     "attention": "batchlm.bench.attention",
@@ -42,6 +47,7 @@ SUBCOMMANDS = {
     "invariance": "batchlm.bench.invariance",
     "kernel-outputs": "batchlm.bench.kernel_outputs",
     "stop-cost": "batchlm.bench.stop_cost",
+    "peers": "batchlm.bench.peers",
 }
 
 

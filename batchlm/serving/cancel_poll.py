@@ -7,6 +7,9 @@ server, so it is asked from the stepping thread at most once per `period`: at 8 
 about 1 ms of asks a second (continuous batching, with up to 64 requests, asks from a thread of its
 own instead: `batchlm.serving.cancellation_watcher`).
 
+A row also leaves once its Triton per-request timeout passes (`leave_check`); the caller answers it
+"request timeout expired" rather than CANCELLED.
+
 Contract: `poll()` is called after every step, from one thread; it returns the rows found cancelled
 since its last call, each row once, and asks nothing until `period` seconds have passed since its
 last asking. A question that raises counts as "not cancelled" (a server going away fails the batch's
@@ -45,3 +48,12 @@ def _ask(check: Callable[[], bool]) -> bool:
         return bool(check())
     except Exception:  # noqa: BLE001 - see the module's contract
         return False
+
+
+def leave_check(is_cancelled: Callable[[], bool], deadline: float | None,
+                clock: Callable[[], float] = time.monotonic) -> Callable[[], bool]:
+    """A row's question for CancelPoll: its client cancelled, or its timeout (`deadline`, on `clock`)
+    passed. The deadline is read first: it costs no round trip."""
+    if deadline is None:
+        return is_cancelled
+    return lambda: clock() >= deadline or is_cancelled()

@@ -11,6 +11,9 @@ with INTERNAL (a request that could not be added, every request of a failed step
 on; a failed metrics push or abort is logged and fails nothing. If the thread itself cannot go on, every
 request it held and every later one is failed at once with INTERNAL "the engine thread stopped".
 `fault_injection` (batchlm.serving.fault_injection) makes each of these happen on purpose.
+
+Deadlines: a request that carries Triton's per-request `timeout` leaves at the first turn past it,
+waiting or running, and is answered UNAVAILABLE "request timeout expired" (`_expire`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class _Active:
     sender: object
     arrival: float
     buffer: StreamBuffer
+    deadline: float | None = None  # arrival + the request's Triton timeout, if it set one
     first_token_seen: bool = False
     cancelled: bool = False  # the client cancelled, as last checked
 
@@ -100,6 +104,7 @@ class ContinuousBatchingService:
             # NOTE: tokenized here, on Triton's thread: a long prompt's tokenization never holds up the
             # engine thread's steps, and a request that could never run is refused before it queues
             prompt_ids = self._engine.check_fits(request.prompt, request.params)
+            deadline = triton_io.deadline(raw_request, arrival)
         except InvalidArgument as exc:
             triton_io.send_final(sender, triton_io.error_response(exc))
             return
@@ -114,7 +119,7 @@ class ContinuousBatchingService:
             else:
                 error = None
                 buffer = StreamBuffer(request.stream, self._stream_interval)
-                active = _Active(request, prompt_ids, sender, arrival, buffer)
+                active = _Active(request, prompt_ids, sender, arrival, buffer, deadline)
                 self._inbox.append((f"req-{next(self._ids)}", active))
                 self._wake.notify()
         if error is not None:
@@ -170,6 +175,7 @@ class ContinuousBatchingService:
                 cancelled, self._cancelled = self._cancelled, []
             self._admit(incoming)
             self._abort(cancelled)
+            self._expire()
             try:
                 if self._engine.has_unfinished():
                     self._step()
@@ -202,6 +208,24 @@ class ContinuousBatchingService:
                     self._engine.abort_request(request_id)
                 except Exception as exc:  # noqa: BLE001 - the request runs to its end unanswered to
                     triton_io.log_error(f"aborting {request_id} failed: {exc!r}")
+
+    def _expire(self) -> None:
+        """Requests whose timeout passed leave now, waiting or running: aborted in the engine (their KV
+        freed, their batch place given back) and answered UNAVAILABLE "request timeout expired"."""
+        now = time.monotonic()
+        for request_id, active in list(self._active.items()):
+            if active.deadline is None or now < active.deadline:
+                continue
+            del self._active[request_id]
+            try:
+                self._faults.hit("abort")
+                self._engine.abort_request(request_id)
+            except Exception as exc:  # noqa: BLE001 - it is answered all the same; its output is ignored
+                triton_io.log_error(f"aborting {request_id} failed: {exc!r}")
+            self._watcher.unwatch(request_id)  # before the final send: Triton then frees the sender
+            response = None if active.cancelled else triton_io.error_response(
+                triton_io.timed_out(self._name, now - active.arrival))
+            triton_io.send_final_quietly(active.sender, response)
 
     def _step(self) -> None:
         self._faults.hit("step")

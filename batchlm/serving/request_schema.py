@@ -49,13 +49,18 @@ class GenerateRequest:
 def check_parameters(parameters: Mapping[str, object]) -> None:
     """Refuse a request's parameters: the schema has none. HTTP `/generate` turns every JSON field that
     matches no input into a parameter, so a misspelt field (`"temprature": 0.7`) arrives here and would
-    otherwise be dropped in silence. Names with Triton's reserved prefix `triton_` are the server's own.
+    otherwise be dropped in silence. Names with Triton's reserved prefix `triton_` are the server's own;
+    `timeout` is Triton's per-request timeout (a `/generate` client's way to set it), checked here.
 
     Raises:
         InvalidArgument: naming the first parameter that is not the server's.
     """
-    for name in parameters:
-        if not name.startswith("triton_"):
+    for name, value in parameters.items():
+        if name == "timeout":  # Triton's per-request timeout, as a `/generate` field (Triton reads it from
+            # gRPC and /infer requests itself): microseconds, 0 = none
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(name, f"must be an integer >= 0 (microseconds), got {value!r}")
+        elif not name.startswith("triton_"):
             raise InvalidArgument(name, f"unknown field; expected one of {sorted(INPUTS)}")
 
 

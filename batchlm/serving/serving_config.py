@@ -9,7 +9,7 @@ from batchlm.errors import InvalidArgument
 from batchlm.serving.fault_injection import FaultInjector
 
 SERVING_KEYS = ("model_dir", "batch_size", "max_waiting", "cancellation_check_period_ms", "stream_interval",
-                "fault_injection")
+                "fault_injection", "max_wait_ms")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,9 @@ class ServingConfig:
     # `POINT@N,...`: make the N-th pass through a serving thread's POINT raise (batchlm.serving.fault_injection);
     # empty, as shipped: no fault
     fault_injection: str = ""
+    # static batching only: run an incomplete batch once its oldest request has waited this long (a
+    # departure from pure static batching); 0, as shipped: wait for a full batch however long it takes
+    max_wait_ms: int = 0
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "ServingConfig":
@@ -40,6 +43,7 @@ class ServingConfig:
             cancellation_check_period_ms=positive_int(params, "cancellation_check_period_ms", 100),
             stream_interval=positive_int(params, "stream_interval", 1),
             fault_injection=fault_spec(params),
+            max_wait_ms=non_negative_int(params, "max_wait_ms", 0),
             engine=EngineConfig.from_parameters(rest, strict=True),
         )
 
@@ -65,13 +69,22 @@ def fault_spec(params: dict[str, str]) -> str:
     return spec
 
 
+def non_negative_int(params: dict[str, str], key: str, default: int) -> int:
+    """`params[key]` as an integer >= 0 (`default` when absent); raises InvalidArgument naming the key."""
+    return _int_at_least(params, key, default, 0)
+
+
 def positive_int(params: dict[str, str], key: str, default: int) -> int:
     """`params[key]` as an integer >= 1 (`default` when absent); raises InvalidArgument naming the key."""
+    return _int_at_least(params, key, default, 1)
+
+
+def _int_at_least(params: dict[str, str], key: str, default: int, minimum: int) -> int:
     raw = params.get(key, str(default))
     try:
         value = int(raw)
     except ValueError:
         raise InvalidArgument(key, f"must be an integer, got {raw!r}") from None
-    if value < 1:
-        raise InvalidArgument(key, f"must be >= 1, got {value}")
+    if value < minimum:
+        raise InvalidArgument(key, f"must be >= {minimum}, got {value}")
     return value

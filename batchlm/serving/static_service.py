@@ -5,7 +5,13 @@
 every request when the slowest is done. Every request gets exactly one response, then the final flag
 (Triton's rule for a model that is not decoupled; a cancelled one gets CANCELLED).
 The worker thread also builds the generator (see `batchlm.engine.owner_thread`).
-There is no timer: an incomplete batch waits, which is what static batching is.
+There is no timer by default: an incomplete batch waits, which is what static batching is. With
+`max_wait` > 0 (`max_wait_ms`, a departure from pure static batching) the watchdog releases an
+incomplete batch once its oldest request has waited that long.
+
+Deadlines: a request that carries Triton's per-request `timeout` and is still parked when it passes is
+answered UNAVAILABLE "request timeout expired" by the watchdog; a row of a running batch whose timeout
+passes leaves the batch like a cancelled one and gets the same answer when the batch ends.
 
 Unload and shutdown: Triton unloads a model only once every response sender it handed out is done,
 and it never tells the model that it wants to. So a watchdog asks Triton whether this model is still
@@ -27,24 +33,38 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from batchlm.engine.batch_generator import BatchGenerator
 from batchlm.engine.owner_thread import OwnerThread
 from batchlm.engine.sequence import FinishReason
 from batchlm.errors import InvalidArgument, Unavailable
 from batchlm.serving import triton_io
-from batchlm.serving.cancel_poll import CancelPoll
+from batchlm.serving.cancel_poll import CancelPoll, leave_check
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.request_schema import GenerateRequest
 
 _STOP = object()
 
 
+@dataclass(frozen=True)
+class _Parked:
+    """A request waiting for its batch, with where to answer it."""
+
+    request: GenerateRequest
+    sender: object
+    arrival: float
+    deadline: float | None  # arrival + its Triton timeout, if it set one
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+
 class StaticBatchingService:
     def __init__(self, build_generator: Callable[[], BatchGenerator], metrics: ModelMetrics, batch_size: int,
                  max_waiting: int, model_name: str, is_ready: Callable[[], bool] | None = None,
                  watch_interval: float = 0.5, is_superseded: Callable[[], bool] = lambda: False,
-                 cancel_check_period: float = 0.1) -> None:
+                 cancel_check_period: float = 0.1, max_wait: float = 0.0) -> None:
         """Builds the generator on the worker thread and returns when it is built (or raises).
 
         Raises InvalidArgument("max_waiting") if `max_waiting` < `batch_size`: no batch could ever fill."""
@@ -55,15 +75,17 @@ class StaticBatchingService:
         self._cancel_check_period = cancel_check_period
         self._batch_size = batch_size
         self._max_waiting = max_waiting
+        self._max_wait = max_wait  # seconds; 0: an incomplete batch waits for ever
         self._name = model_name
         self._lock = threading.Lock()
-        self._parked: list[tuple[GenerateRequest, object]] = []  # guarded by _lock
+        self._parked: list[_Parked] = []  # guarded by _lock
         self._closed = False  # guarded by _lock
         self._batches: queue.Queue = queue.Queue()
         self._running = 0  # rows in the batch being run, for metrics only; guarded by _lock
         self._worker = OwnerThread("batchlm-static", build_generator, self._run)
         self._generator: BatchGenerator = self._worker.value
         self._stop_watch = threading.Event()
+        self._poke = threading.Event()  # a request was parked or the service closes: the watchdog looks now
         self._watcher: threading.Thread | None = None
         if is_ready is not None:
             self._watcher = threading.Thread(target=self._watch, args=(is_ready, is_superseded, watch_interval),
@@ -73,8 +95,10 @@ class StaticBatchingService:
     def submit(self, raw_request) -> None:
         """Park one request, and release a batch when `batch_size` are parked."""
         sender = raw_request.get_response_sender()
+        arrival = time.monotonic()
         try:
             request = triton_io.parse_request_level(raw_request, self._generator, self._name)
+            deadline = triton_io.deadline(raw_request, arrival)
         except InvalidArgument as exc:
             triton_io.send_final(sender, triton_io.error_response(exc))
             return
@@ -87,10 +111,12 @@ class StaticBatchingService:
                 error = Unavailable(
                     f"{self._name} is overloaded: {self._max_waiting} requests already waiting")
             else:
-                self._parked.append((request, sender))
+                self._parked.append(_Parked(request, sender, arrival, deadline))
                 if len(self._parked) >= self._batch_size:
                     batch, self._parked = self._parked[: self._batch_size], self._parked[self._batch_size:]
                     self._batches.put(batch)
+                if self._parked and (self._max_wait or deadline is not None):
+                    self._poke.set()  # the watchdog's next look may be due sooner than its interval
         if error is not None:
             triton_io.send_final(sender, triton_io.error_response(error))
         self._record_queue()
@@ -103,6 +129,7 @@ class StaticBatchingService:
         stub is torn down."""
         deadline = time.monotonic() + timeout
         self._stop_watch.set()
+        self._poke.set()
         if self._watcher is not None:
             self._watcher.join(timeout)
         self._fail_parked()
@@ -115,8 +142,8 @@ class StaticBatchingService:
             parked, self._parked = self._parked, []
         error = Unavailable(f"{self._name} was {what} before a full batch of "
                             f"{self._batch_size} requests arrived")
-        for _, sender in parked:
-            triton_io.send_final_quietly(sender, triton_io.error_response(error))
+        for entry in parked:
+            triton_io.send_final_quietly(entry.sender, triton_io.error_response(error))
 
     def _drop_cancelled(self) -> None:
         """Close the parked requests whose clients cancelled. Each gets its one response (CANCELLED)
@@ -126,18 +153,45 @@ class StaticBatchingService:
             parked = list(self._parked)
         # is_cancelled() is a round trip to the server: asked outside the lock, so the worker's metrics
         # and other submits do not wait on it.
-        cancelled = [sender for _, sender in parked if sender.is_cancelled()]
+        cancelled = [entry.sender for entry in parked if entry.sender.is_cancelled()]
         if not cancelled:
             return
         with self._lock:  # only those still parked: a batch or an unload may have taken some meanwhile
             ids = {id(sender) for sender in cancelled}
-            removed = [s for _, s in self._parked if id(s) in ids]
-            self._parked = [(r, s) for r, s in self._parked if id(s) not in ids]
-        for sender in removed:
-            triton_io.send_final_quietly(sender, triton_io.cancelled_response(self._name))
+            removed = [e for e in self._parked if id(e.sender) in ids]
+            self._parked = [e for e in self._parked if id(e.sender) not in ids]
+        for entry in removed:
+            triton_io.send_final_quietly(entry.sender, triton_io.cancelled_response(self._name))
         if removed:  # NOTE: pushed now: with nothing left parked the watchdog flushes nothing more
             self._record_queue()
             self._metrics.flush()
+
+    def _drop_expired(self) -> None:
+        """Answer the parked requests whose timeout passed (UNAVAILABLE), and release an incomplete batch
+        whose oldest request has waited `max_wait`."""
+        now = time.monotonic()
+        with self._lock:
+            expired = [e for e in self._parked if e.expired(now)]
+            self._parked = [e for e in self._parked if not e.expired(now)]
+            if self._max_wait and self._parked and now - self._parked[0].arrival >= self._max_wait:
+                self._batches.put(self._parked)
+                self._parked = []
+        for entry in expired:
+            triton_io.send_final_quietly(entry.sender, triton_io.error_response(
+                triton_io.timed_out(self._name, now - entry.arrival)))
+        if expired:
+            self._record_queue()
+            self._metrics.flush()
+
+    def _next_look(self, interval: float) -> float:
+        """Seconds until the watchdog must look again: `interval`, or sooner if a parked request's
+        timeout or the oldest's `max_wait` comes first."""
+        now = time.monotonic()
+        with self._lock:
+            due = [e.deadline for e in self._parked if e.deadline is not None]
+            if self._max_wait and self._parked:
+                due.append(self._parked[0].arrival + self._max_wait)
+        return max(0.0, min([interval, *(t - now for t in due)]))
 
     def _watch(self, is_ready: Callable[[], bool], is_superseded: Callable[[], bool], interval: float) -> None:
         """Every `interval` while requests are parked: close those whose clients cancelled, and fail the
@@ -151,7 +205,12 @@ class StaticBatchingService:
         closed, so a check can overlap finalize only while nothing is parked; one that did made
         tritonserver abort at shutdown (boost lock_exception in TRITONBACKEND_ModelInstanceFinalize,
         every time the server was stopped within 0.5 s of loading this model)."""
-        while not self._stop_watch.wait(interval):
+        while True:
+            self._poke.wait(self._next_look(interval))
+            self._poke.clear()
+            if self._stop_watch.is_set():
+                return
+            self._drop_expired()
             with self._lock:
                 idle = not self._parked
             if idle:  # nothing to close or fail; and no call to the server that could overlap finalize
@@ -181,32 +240,36 @@ class StaticBatchingService:
                 self._run_batch(batch)
             except Exception as exc:  # noqa: BLE001 - whatever escaped: answer the batch, keep the worker
                 triton_io.log_error(f"{self._name}: batch failed after its answers began: {exc!r}")
-                for _, sender in batch:
-                    triton_io.send_final_quietly(sender, triton_io.error_response(exc))
+                for entry in batch:
+                    triton_io.send_final_quietly(entry.sender, triton_io.error_response(exc))
 
-    def _run_batch(self, batch: list[tuple[GenerateRequest, object]]) -> None:
+    def _run_batch(self, batch: list[_Parked]) -> None:
         with self._lock:
             self._running = len(batch)
         start = time.monotonic()
-        poll = CancelPoll([sender.is_cancelled for _, sender in batch], self._cancel_check_period)
+        poll = CancelPoll([leave_check(e.sender.is_cancelled, e.deadline) for e in batch], self._cancel_check_period)
         try:
             outputs = self._generator.generate(
-                [(r.prompt, r.params) for r, _ in batch], on_step=self._on_step, cancelled_rows=poll.poll)
+                [(e.request.prompt, e.request.params) for e in batch], on_step=self._on_step, cancelled_rows=poll.poll)
         except Exception as exc:  # noqa: BLE001 - answer every request of the batch, keep serving
             triton_io.log_error(f"{self._name}: batch failed: {exc!r}")
-            for _, sender in batch:
-                triton_io.send_final_quietly(sender, triton_io.error_response(exc))
+            for entry in batch:
+                triton_io.send_final_quietly(entry.sender, triton_io.error_response(exc))
             return
         finally:
             with self._lock:
                 self._running = 0
             self._quietly(self._record_queue)
             self._quietly(self._metrics.record_idle)  # NOTE: after the gauges' update, which this flush pushes
-        for (_, sender), out in zip(batch, outputs):
-            response = (triton_io.cancelled_response(self._name)
-                        if out.finish_reason is FinishReason.CANCELLED or sender.is_cancelled()
-                        else triton_io.output_response(out, out.text, False))
-            triton_io.send_final_quietly(sender, response)
+        now = time.monotonic()
+        for entry, out in zip(batch, outputs):
+            if out.finish_reason is FinishReason.CANCELLED and entry.expired(now):
+                response = triton_io.error_response(triton_io.timed_out(self._name, now - entry.arrival))
+            elif out.finish_reason is FinishReason.CANCELLED or entry.sender.is_cancelled():
+                response = triton_io.cancelled_response(self._name)
+            else:
+                response = triton_io.output_response(out, out.text, False)
+            triton_io.send_final_quietly(entry.sender, response)
         triton_io.log_verbose(f"{self._name}: batch of {len(batch)} in {time.monotonic() - start:.2f}s")
 
     def _on_step(self, num_sequences: int, new_tokens: int) -> None:

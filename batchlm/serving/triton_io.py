@@ -11,7 +11,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from batchlm.engine.request_output import RequestOutput
-from batchlm.errors import InvalidArgument, Unavailable
+from batchlm.errors import InvalidArgument, TimedOut, Unavailable
 from batchlm.paths import PROJECT_ROOT
 from batchlm.serving.request_schema import INPUTS, GenerateRequest, check_parameters, parse_inputs
 from batchlm.serving.serving_config import ServingConfig
@@ -56,6 +56,20 @@ def parse_request_level(request, generator, model_name: str) -> GenerateRequest:
                               "is done; use continuous_batching for stream=true")
     generator.check_fits(parsed.prompt, parsed.params)
     return parsed
+
+
+def deadline(request, arrival: float) -> float | None:
+    """When `request` must be done by, on the `time.monotonic()` clock: `arrival` plus its Triton
+    per-request `timeout` in microseconds (gRPC and HTTP `/infer` clients set it, and Triton reads it;
+    a `/generate` body's `timeout` field arrives as a request parameter, checked by parse_request), or
+    None without one."""
+    micros = request.timeout() or json.loads(request.parameters() or "{}").get("timeout", 0)
+    return arrival + micros / 1e6 if micros else None
+
+
+def timed_out(model_name: str, waited: float) -> TimedOut:
+    return TimedOut(f"{model_name}: request timeout expired after {waited:.2f} s; the request left "
+                    "the model without an answer")
 
 
 def output_response(out: RequestOutput, text: str, batched: bool) -> "pb_utils.InferenceResponse":
@@ -124,14 +138,18 @@ def send_final_quietly(sender, response) -> None:
         log_error(f"could not send a final response: {exc!r}")
 
 
-def load_serving_config(args: dict, decoupled: bool) -> tuple[str, ServingConfig, Path]:
-    """Model name, typed parameters and checkpoint folder; fails loudly on a wrong config."""
+def load_serving_config(args: dict, decoupled: bool, static: bool = False) -> tuple[str, ServingConfig, Path]:
+    """Model name, typed parameters and checkpoint folder; fails loudly on a wrong config (`static`:
+    the static batcher, the one model that reads `max_wait_ms`)."""
     config = model_config(args)
     name = config["name"]
     require_transaction_policy(config, decoupled)
     serving = ServingConfig.from_parameters(parameters(config))
     if serving.fault_injection and not decoupled:
         raise InvalidArgument("fault_injection", "only continuous_batching's engine thread has fault points")
+    if serving.max_wait_ms and not static:
+        raise InvalidArgument("max_wait_ms", "only static_batching waits for a batch to fill; dynamic_batching's "
+                                             "wait is max_queue_delay_microseconds")
     return name, serving, resolve_model_dir(serving.model_dir)
 
 

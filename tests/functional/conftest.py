@@ -20,7 +20,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("triton") / "server.log"
     # Explicit model control so tests can unload a model with requests in flight; all load at start.
     # NOTE: an exit timeout of 5 s: the configs that test_static_batching.py has refused at load are still
-    # counted as live models when the server stops, so the stop takes the whole exit timeout 
+    # counted as live models when the server stops, so the stop takes the whole exit timeout
     # (tests/functional/test_failed_load_stall.py); 15 s would be added to every run
     srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
                        extra_args=("--model-control-mode=explicit", "--load-model=*"), exit_timeout_s=5)
@@ -84,3 +84,12 @@ def repository_api(server, model: str, action: str, config: dict | None = None, 
     body = {} if config is None else {"parameters": {"config": json.dumps(config)}}
     return requests.post(f"http://{server.http_url}/v2/repository/models/{model}/{action}", json=body,
                          headers=server.admin_headers, timeout=timeout)
+
+
+def reload_from_repository(server, model: str) -> None:
+    """Back to the repository's config.pbtxt after a load with a config override. A load alone would not
+    do it: Triton sees the model's files unchanged and keeps the override."""
+    r = repository_api(server, model, "unload", timeout=60)
+    assert r.status_code == 200, r.text
+    r = repository_api(server, model, "load")
+    assert r.status_code == 200, r.text

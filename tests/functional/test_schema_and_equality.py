@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
     # a field that matches no input arrives as a request parameter; before, it was dropped in silence
     ({"text_input": "hi", "max_tokens": 4, "temprature": 0.7}, "temprature: unknown field"),
     ({"text_input": "hi", "max_tokens": 4, "stop": ["x"] * 17}, "stop: at most 16 stop strings"),
+    ({"text_input": "hi", "max_tokens": 4, "timeout": -5}, "timeout: must be an integer >= 0"),
+    ({"text_input": "hi", "max_tokens": 4, "timeout": "soon"}, "timeout: must be an integer >= 0"),
 ])
 def test_malformed_request_names_field(server, name, body, field):
     r = requests.post(f"http://{server.http_url}/v2/models/{name}/generate", json=body, timeout=60)

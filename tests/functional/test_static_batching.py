@@ -12,7 +12,8 @@ import requests
 from batchlm.server.triton_server import TritonServer, free_port
 from batchlm.serving.instance_claim import InstanceClaim
 from client.triton_llm import LLMClient, RequestFailed
-from tests.functional.conftest import held_by_http_connections, metric_reaches, metric_value, repository_api
+from tests.functional.conftest import (held_by_http_connections, metric_reaches, metric_value, reload_from_repository,
+                                       repository_api)
 
 BATCH = 8
 PROTOCOLS = ("http", "infer", "grpc")
@@ -183,11 +184,7 @@ def test_a_reload_fails_the_old_instances_parked_requests(server):
 
 
 def _reload_from_repository(server) -> None:
-    """Back to the repository's config.pbtxt. A load alone would not do it: Triton sees the model's files
-    unchanged and keeps the override."""
-    r = repository_api(server, "static_batching", "unload", timeout=60)
-    assert r.status_code == 200, r.text
-    _load(server)
+    reload_from_repository(server, "static_batching")
     config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
     assert config["parameters"]["max_waiting"]["string_value"] == "64"
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from batchlm.serving.cancel_poll import CancelPoll
+from batchlm.serving.cancel_poll import CancelPoll, leave_check
 
 
 class Clock:
@@ -58,3 +58,13 @@ def test_a_question_that_raises_counts_as_not_cancelled():
 def test_period_must_be_positive():
     with pytest.raises(ValueError, match="period"):
         CancelPoll([], period=0)
+
+
+def test_a_row_past_its_deadline_leaves_without_asking_the_server():
+    clock, row = Clock(), Row()
+    poll = CancelPoll([leave_check(row, deadline=100.25, clock=clock), Row()], period=0.1, clock=clock)
+    clock.now = 100.15
+    assert poll.poll() == [] and row.asked == 1
+    clock.now = 100.3
+    assert poll.poll() == [0] and row.asked == 1  # the deadline answered; no round trip
+    assert leave_check(row, deadline=None) is row

@@ -118,3 +118,19 @@ def test_importing_a_model_file_imports_no_engine(path):
             f"runpy.run_path({str(path)!r}); print(sorted(m for m in ('torch', 'batchlm') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_max_wait_ms_is_parsed_checked_and_off_as_shipped():
+    assert ServingConfig.from_parameters(params(load("static_batching"))).max_wait_ms == 0  # pure static
+    assert ServingConfig.from_parameters({"max_wait_ms": "250"}).max_wait_ms == 250
+    for bad in ("-1", "soon"):
+        with pytest.raises(ValueError, match="max_wait_ms"):
+            ServingConfig.from_parameters({"max_wait_ms": bad})
+
+
+def test_dynamic_batching_honours_request_timeouts_in_its_queue():
+    policy = load("dynamic_batching").dynamic_batching.default_queue_policy
+    assert policy.max_queue_size == 64 and policy.allow_timeout_override
+    assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
+    # Triton applies a request's own timeout only below the default: a default of 0 (none) would ignore it
+    assert policy.default_timeout_microseconds == 600_000_000

@@ -11,14 +11,15 @@ class TritonPythonModel:
         from batchlm.serving.serving_config import check_batch_fits
         from batchlm.serving.static_service import StaticBatchingService
 
-        name, config, model_dir = triton_io.load_serving_config(args, decoupled=False)
+        name, config, model_dir = triton_io.load_serving_config(args, decoupled=False, static=True)
         check_batch_fits(config.engine, config.batch_size, "batch_size")
         self.claim = InstanceClaim(args["model_instance_name"])
         self.service = StaticBatchingService(lambda: BatchGenerator.from_dir(model_dir, config.engine),
                                              ModelMetrics(name, args["model_instance_name"]), config.batch_size,
                                              config.max_waiting, name, triton_io.readiness_probe(name),
                                              is_superseded=self.claim.superseded,
-                                             cancel_check_period=config.cancellation_check_period_ms / 1000)
+                                             cancel_check_period=config.cancellation_check_period_ms / 1000,
+                                             max_wait=config.max_wait_ms / 1000)
         self.claim.claim()  # NOTE: last: a successor that fails to load must not supersede this instance
 
     def execute(self, requests):

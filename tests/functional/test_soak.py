@@ -1,0 +1,27 @@
+"""A 60-second soak against the shared server: Locust at saturation on all three models at once (three
+transports), no failed request, no E2E p99 drift beyond x1.5, and the server's memory, descriptors and
+threads flat within the bounds `batchlm-bench soak` checks. The long run is `batchlm-bench soak`
+(docs/operations.md, "Reliability")."""
+
+import json
+import subprocess
+import sys
+
+from batchlm.paths import PROJECT_ROOT
+
+DURATION_S = 60
+
+
+def test_a_minute_at_saturation_on_every_model_fails_nothing_and_leaks_nothing(server, tmp_path):
+    out = tmp_path / "soak"
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "soak", "--duration", str(DURATION_S),
+                           "--interval", "2", "--http", server.http_url, "--grpc", server.grpc_url,
+                           "--server-pid", str(server.process.pid), "--out", str(out)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=DURATION_S + 240)
+    report = json.loads((out / "soak.json").read_text())
+    assert proc.returncode == 0, f"{report['broken']}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    assert not report["broken"]
+    for model, m in report["models"].items():
+        assert m["requests"] >= 16, (model, m)  # it was loaded: every model answered two batches at least
+        assert m["failures"] == 0, (model, m["failure_kinds"])
+    assert len(report["samples"]) >= DURATION_S // 2
