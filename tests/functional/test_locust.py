@@ -77,12 +77,12 @@ def _protocol(locustfile: str, extra: tuple[str, ...] = ()) -> str:
 
 
 @pytest.mark.parametrize("locustfile, model, users, extra", [
-    (GRPC_USER, "continuous_batching", 4, ()),
+    # NOTE: gRPC streams to continuous_batching, HTTP /generate to static_batching and HTTP /infer to
+    # dynamic_batching run for a minute in tests/functional/test_soak.py, which checks the same rows
     (GRPC_USER, "static_batching", 8, ()),  # a full batch; gRPC cancels what is parked when the run stops
     (GRPC_USER, "dynamic_batching", 4, ()),
     (HTTP_USER, "continuous_batching", 4, ()),  # /generate_stream
     (HTTP_USER, "dynamic_batching", 4, ()),  # /generate
-    (HTTP_USER, "dynamic_batching", 4, ("--http-endpoint", "infer")),  # /infer, inputs with a batch dimension
 ])
 def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, users, extra):
     prefix = tmp_path / "run"
@@ -229,9 +229,12 @@ def small_server(tmp_path_factory):
 
 
 @pytest.mark.parametrize("locustfile, model, message, extra", [
-    (GRPC_USER, "static_batching", "[stream] UNAVAILABLE: static_batching is overloaded: 8 requests already waiting",
-     ()),
-    (HTTP_USER, "dynamic_batching", "[503] [request id: <id_unknown>] Exceeds maximum queue size", ()),
+    # NOTE: two paths in make test; the other two, the same refusal through other transports, in make test-slow
+    pytest.param(GRPC_USER, "static_batching",
+                 "[stream] UNAVAILABLE: static_batching is overloaded: 8 requests already waiting", (),
+                 marks=pytest.mark.slow),
+    pytest.param(HTTP_USER, "dynamic_batching", "[503] [request id: <id_unknown>] Exceeds maximum queue size", (),
+                 marks=pytest.mark.slow),
     # /generate answers 400 for every model error: the message's prefix says it is a refusal to retry
     (HTTP_USER, "continuous_batching",
      "[400] UNAVAILABLE: continuous_batching is overloaded: 4 requests already waiting", ()),

@@ -40,7 +40,10 @@ def test_answers_over_http_and_grpc(llm, name):
     assert http.text == grpc.text and http.text
 
 
-@pytest.mark.parametrize("signum, foreground", [(signal.SIGTERM, False), (signal.SIGINT, True)])
+@pytest.mark.parametrize("signum, foreground", [
+    (signal.SIGTERM, False),
+    pytest.param(signal.SIGINT, True, marks=pytest.mark.slow),  # the same drain, from a terminal
+])
 def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, foreground):
     """Signalled as a service manager (SIGTERM, log to a file) or a terminal (SIGINT, log on its stdout)
     signals it, with two HTTP requests parked in static_batching, `scripts/serve.py` drains and stops

@@ -8,6 +8,9 @@ import subprocess
 import sys
 
 from batchlm.paths import PROJECT_ROOT
+from tests.functional.test_locust import _event_rows
+
+PROTOCOLS = {"static_batching": "http", "dynamic_batching": "infer", "continuous_batching": "grpc"}
 
 DURATION_S = 60
 
@@ -25,3 +28,17 @@ def test_a_minute_at_saturation_on_every_model_fails_nothing_and_leaks_nothing(s
         assert m["requests"] >= 16, (model, m)  # it was loaded: every model answered two batches at least
         assert m["failures"] == 0, (model, m["failure_kinds"])
     assert len(report["samples"]) >= DURATION_S // 2
+    # each Locust user reported both events, with output tokens as their size; the streamed model's first
+    # token came well before its last; and the Locust table reads the run's CSV
+    for model, protocol in PROTOCOLS.items():
+        rows = _event_rows(out / model)
+        assert set(rows) == {f"TTFT {protocol} {model}", f"E2E {protocol} {model}"}, rows
+        assert all(float(row["Average Content Size"]) > 0 for row in rows.values()), rows
+    streamed = _event_rows(out / "continuous_batching")
+    assert float(streamed["TTFT grpc continuous_batching"]["Average Response Time"]) < \
+        float(streamed["E2E grpc continuous_batching"]["Average Response Time"])
+    table = subprocess.run([sys.executable, "-m", "batchlm.bench", "locust-table",
+                            *(str(out / f"{model}_stats.csv") for model in PROTOCOLS)],
+                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and all(f"| `{model}` | {protocol} | E2E |" in table.stdout
+                                         for model, protocol in PROTOCOLS.items()), table.stdout + table.stderr
