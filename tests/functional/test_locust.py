@@ -229,7 +229,8 @@ def small_server(tmp_path_factory):
 
 
 @pytest.mark.parametrize("locustfile, model, message, extra", [
-    # NOTE: two paths in make test; the other two, the same refusal through other transports, in make test-slow
+    # NOTE: one path in make test (/generate's 400 with its UNAVAILABLE prefix); the same refusal through the
+    # other transports in make test-slow (tests/functional/test_generate_status.py checks every code in make test)
     pytest.param(GRPC_USER, "static_batching",
                  "[stream] UNAVAILABLE: static_batching is overloaded: 8 requests already waiting", (),
                  marks=pytest.mark.slow),
@@ -239,8 +240,9 @@ def small_server(tmp_path_factory):
     (HTTP_USER, "continuous_batching",
      "[400] UNAVAILABLE: continuous_batching is overloaded: 4 requests already waiting", ()),
     # /infer keeps the model's UNAVAILABLE as 503, where /generate reads 400
-    (HTTP_USER, "static_batching", "[503] UNAVAILABLE: static_batching is overloaded: 8 requests already waiting",
-     ("--http-endpoint", "infer")),
+    pytest.param(HTTP_USER, "static_batching",
+                 "[503] UNAVAILABLE: static_batching is overloaded: 8 requests already waiting",
+                 ("--http-endpoint", "infer"), marks=pytest.mark.slow),
 ])
 def test_step_load_past_capacity_fails_with_tritons_message(small_server, tmp_path, locustfile, model, message,
                                                             extra):

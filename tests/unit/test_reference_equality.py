@@ -112,7 +112,9 @@ def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]
         out = model(input_ids=torch.tensor([[tokens[-1]]]), cache=out.cache, use_cache=True)
 
 
-@pytest.fixture(scope="module", params=sorted(BACKENDS))
+# NOTE: the torch fallbacks in `make test-slow`: make test checks the shipped path (the kernels) and stays
+# under its 10 minutes
+@pytest.fixture(scope="module", params=["default", pytest.param("torch", marks=pytest.mark.slow)])
 def engine(request, checkpoint, threads):
     engine = LLMEngine(checkpoint, EngineConfig(num_threads=THREADS, **BACKENDS[request.param]))
     if request.param == "torch":
