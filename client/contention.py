@@ -19,8 +19,8 @@ is idle), so a change in the machine falls on both. Served, a short uncounted ru
 requests) comes before each measured one: the adaptive engine follows a change in the machine within
 two of its governor's periods (0.5 s of stepping), and the table is of the steady state. The table
 shows medians of output tokens/s and two ratios: busy over idle (what the busy core costs), and
-adaptive over fixed when idle (what the policy costs when nothing else runs). Every run records the cores the hypervisor stole meanwhile
-(`steal_cores`): on a VM, another guest is contention too.
+adaptive over fixed when idle (what the policy costs when nothing else runs). Every run records the
+cores the hypervisor stole meanwhile (`steal_cores`): on a VM, another guest is contention too.
 
 The client runs on the same machine in both halves of a pair, so it costs both the same share. Run
 nothing else meanwhile: any other load is contention too. It writes `contention.json` and

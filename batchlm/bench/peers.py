@@ -61,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -408,19 +409,31 @@ def run_hf_static(requests: list[PeerRequest], args: argparse.Namespace) -> dict
                                  streamer=streamer)
         return truncate(out[:, width:].tolist(), [r.max_tokens for r in group])
 
-    generate([PeerRequest(0, requests[0].prompt_ids, 8)])  # warm-up
+    def generate_group(group: list[PeerRequest]) -> tuple[list[list[int]], list[float]]:
+        streamer = FirstToken()
+        rows = generate(group, streamer)
+        return rows, [streamer.first] * len(rows)
+
+    return {**run_groups(requests, args.max_num_seqs, generate_group),
+            "notes": f"attn {model.config._attn_implementation}, left padding, groups of {args.max_num_seqs}"}
+
+
+def run_groups(requests: list[PeerRequest], group_size: int,
+               generate_group: Callable[[list[PeerRequest]], tuple[list[list[int]], list[float]]]) -> dict:
+    """A request-level engine's run: groups of `group_size` in arrival order, each run to completion by
+    `generate_group(group)`, which returns the group's token rows and when (time.perf_counter) each row's
+    first token came; every request of a group ends when the call returns. After one small warm-up call."""
+    generate_group([PeerRequest(0, requests[0].prompt_ids, 8)])
     tokens: list[list[int]] = [[] for _ in requests]
     ttft = [0.0] * len(requests)
     e2e = [0.0] * len(requests)
     t0 = time.perf_counter()
-    for group in request_groups(len(requests), args.max_num_seqs):
-        streamer = FirstToken()
-        rows = generate([requests[i] for i in group], streamer)
+    for group in request_groups(len(requests), group_size):
+        rows, firsts = generate_group([requests[i] for i in group])
         done = _now_since(t0)
-        for i, row in zip(group, rows):
-            tokens[i], ttft[i], e2e[i] = row, streamer.first - t0, done
-    return {"tokens": tokens, "ttft_s": ttft, "e2e_s": e2e, "wall_s": _now_since(t0),
-            "notes": f"attn {model.config._attn_implementation}, left padding, groups of {args.max_num_seqs}"}
+        for i, row, first in zip(group, rows, firsts):
+            tokens[i], ttft[i], e2e[i] = row, first - t0, done
+    return {"tokens": tokens, "ttft_s": ttft, "e2e_s": e2e, "wall_s": _now_since(t0)}
 
 
 def ct2_model_dir(model_dir: str | Path) -> Path:
@@ -458,21 +471,14 @@ def run_ct2(requests: list[PeerRequest], args: argparse.Namespace) -> dict:
             callback=callback)
         return truncate([res.sequences_ids[0] for res in results], [r.max_tokens for r in group])
 
-    generate([PeerRequest(0, requests[0].prompt_ids, 8)])  # warm-up
-    tokens: list[list[int]] = [[] for _ in requests]
-    ttft = [0.0] * len(requests)
-    e2e = [0.0] * len(requests)
-    t0 = time.perf_counter()
-    for group in request_groups(len(requests), args.max_num_seqs):
+    def generate_group(group: list[PeerRequest]) -> tuple[list[list[int]], list[float]]:
         first.clear()
-        rows = generate([requests[i] for i in group], on_token)
-        done = _now_since(t0)
-        for j, (i, row) in enumerate(zip(group, rows)):
-            tokens[i], ttft[i], e2e[i] = row, first[j] - t0, done
-    wall = _now_since(t0)
+        rows = generate(group, on_token)
+        return rows, [first[j] for j in range(len(rows))]
+
+    result = run_groups(requests, args.max_num_seqs, generate_group)
     del generator  # NOTE: before the interpreter's teardown, which has aborted with a callback registered
-    return {"tokens": tokens, "ttft_s": ttft, "e2e_s": e2e, "wall_s": wall,
-            "notes": f"float32, intra_threads={args.threads}, groups of {args.max_num_seqs}, {path.name}"}
+    return {**result, "notes": f"float32, intra_threads={args.threads}, groups of {args.max_num_seqs}, {path.name}"}
 
 
 def _permute_rope(weight, n_head: int):

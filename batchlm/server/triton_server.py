@@ -220,8 +220,13 @@ class TritonServer:
         return self
 
     def is_ready(self) -> bool:
+        """HTTP reports ready, and the metrics endpoint answers: tritonserver starts its metrics service
+        after HTTP and gRPC, and a caller that read metrics within those milliseconds was refused."""
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                if r.status != 200:
+                    return False
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as r:
                 return r.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False

@@ -50,12 +50,11 @@ class DynamicBatchingService:
                 continue
             batch.append((i, request, raw, deadline))
         if batch:
-            self._run(batch, responses)
+            self._run(batch, responses, start)
         return responses
 
-    def _run(self, batch: list, responses: list) -> None:
+    def _run(self, batch: list, responses: list, start: float) -> None:
         self._metrics.record_queue(0, len(batch), *self._generator.kv_usage())
-        start = time.monotonic()
         poll = CancelPoll([leave_check(raw.is_cancelled, deadline) for _, _, raw, deadline in batch],
                           self._cancel_check_period)
         try:
@@ -71,12 +70,9 @@ class DynamicBatchingService:
             self._metrics.record_idle()  # NOTE: after the gauges' update, which this flush pushes
         now = time.monotonic()
         for (i, _, _, deadline), out in zip(batch, outputs):
-            if out.finish_reason is FinishReason.CANCELLED and deadline is not None and now >= deadline:
-                responses[i] = triton_io.error_response(triton_io.timed_out(self._name, now - start))
-            elif out.finish_reason is FinishReason.CANCELLED:
-                responses[i] = triton_io.cancelled_response(self._name)
-            else:
-                responses[i] = triton_io.output_response(out, out.text, batched=True)
+            responses[i] = (triton_io.left_batch_response(self._name, deadline, start, now)
+                            if out.finish_reason is FinishReason.CANCELLED
+                            else triton_io.output_response(out, out.text, batched=True))
 
     def _on_step(self, num_sequences: int, new_tokens: int) -> None:
         self._metrics.record_step(num_sequences, new_tokens)

@@ -166,7 +166,7 @@ class StaticBatchingService:
             self._record_queue()
             self._metrics.flush()
 
-    def _drop_expired(self) -> None:
+    def _expire_and_release(self) -> None:
         """Answer the parked requests whose timeout passed (UNAVAILABLE), and release an incomplete batch
         whose oldest request has waited `max_wait`."""
         now = time.monotonic()
@@ -210,7 +210,7 @@ class StaticBatchingService:
             self._poke.clear()
             if self._stop_watch.is_set():
                 return
-            self._drop_expired()
+            self._expire_and_release()
             with self._lock:
                 idle = not self._parked
             if idle:  # nothing to close or fail; and no call to the server that could overlap finalize
@@ -263,9 +263,9 @@ class StaticBatchingService:
             self._quietly(self._metrics.record_idle)  # NOTE: after the gauges' update, which this flush pushes
         now = time.monotonic()
         for entry, out in zip(batch, outputs):
-            if out.finish_reason is FinishReason.CANCELLED and entry.expired(now):
-                response = triton_io.error_response(triton_io.timed_out(self._name, now - entry.arrival))
-            elif out.finish_reason is FinishReason.CANCELLED or entry.sender.is_cancelled():
+            if out.finish_reason is FinishReason.CANCELLED:
+                response = triton_io.left_batch_response(self._name, entry.deadline, entry.arrival, now)
+            elif entry.sender.is_cancelled():
                 response = triton_io.cancelled_response(self._name)
             else:
                 response = triton_io.output_response(out, out.text, False)

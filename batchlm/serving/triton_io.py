@@ -72,6 +72,15 @@ def timed_out(model_name: str, waited: float) -> TimedOut:
                     "the model without an answer")
 
 
+def left_batch_response(model_name: str, deadline: float | None, since: float,
+                        now: float) -> "pb_utils.InferenceResponse":
+    """The answer to a row that left its running batch early: UNAVAILABLE "request timeout expired" if
+    its `deadline` has passed (it has waited `now - since`), else CANCELLED (its client cancelled)."""
+    if deadline is not None and now >= deadline:
+        return error_response(timed_out(model_name, now - since))
+    return cancelled_response(model_name)
+
+
 def output_response(out: RequestOutput, text: str, batched: bool) -> "pb_utils.InferenceResponse":
     """A response carrying `text` and the counters of `out`; `batched` adds the batch dimension."""
     shape = (1, 1) if batched else (1,)
