@@ -108,7 +108,7 @@ class ServerWithFrontend(TritonServer):
             self.frontend.stop()
         return super().drain(timeout)
 
-    def stop(self, grace: float = 30.0) -> None:
+    def stop(self, grace: float | None = None) -> None:
         if self.frontend is not None:
             self.frontend.stop()
         super().stop(grace)

@@ -2,6 +2,7 @@
 
     batchlm-serve [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--log FILE]
                   [--drain-timeout 60] [--frontend-port 9000] [--frontend-host 127.0.0.1] [--no-frontend]
+                  [--on-model-failure reload|exit|off]
                   [-- extra tritonserver arguments]
 
 Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT, FRONTEND_PORT. `make serve` runs the set-up
@@ -22,6 +23,10 @@ gets its SIGTERM. A second signal while draining stops it at once. In another mo
 repository API refuses unloads, and the server gets its SIGTERM at once. Then this script removes what
 the server's stubs left (shared-memory regions, instance claims) and exits 0; if the server ends by
 itself, the script exits with the server's status.
+
+While serving, it watches every model (batchlm/server/supervisor.py): when a model's stub process
+dies or its serving thread stops, `--on-model-failure reload` (the default) unloads and loads that
+model alone; `exit` stops the server at once and exits 3, for an orchestrator to restart it.
 """
 
 import argparse
@@ -52,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frontend-host", default=LOOPBACK,
                     help="the address the frontend binds (default: 127.0.0.1, this machine only)")
     ap.add_argument("--no-frontend", action="store_true", help="serve Triton alone")
+    ap.add_argument("--on-model-failure", choices=("reload", "exit", "off"), default="reload",
+                    help="when a model's stub process dies or its serving thread stops: reload that model "
+                         "(default; the others are not touched), stop the server at once and exit 3 (every "
+                         "request in flight ends), or leave it to Triton (see docs/operations.md)")
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args(argv)
     frontend = None
@@ -64,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         show_output=args.log is None, extra_args=tuple(with_model_control(args.extra)), address=args.address,
         frontend=frontend,
     )
-    return serve_until_signalled(server, args.drain_timeout)
+    return serve_until_signalled(server, args.drain_timeout, on_model_failure=args.on_model_failure)
 
 
 if __name__ == "__main__":

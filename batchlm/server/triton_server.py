@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
+from batchlm.server.supervisor import ModelSupervisor
 from batchlm.serving.instance_claim import clear_claims
 
 _CRASH = re.compile(r"corrupt|double free|malloc|free\(\)|Segmentation|Aborted")
@@ -313,8 +314,13 @@ class TritonServer:
             raise TimeoutError(f"models still loaded {timeout:.0f} s after their unload: {left}")
         return names
 
-    def stop(self, grace: float = 30.0) -> None:
-        """SIGTERM the server (it unloads models, which stops their threads), then kill what is left."""
+    def stop(self, grace: float | None = None) -> None:
+        """SIGTERM the server (it unloads models, which stops their threads), then kill what is left:
+        after `grace` seconds, by default its exit timeout and 5 s more. tritonserver does not always
+        end by itself after its exit timeout: where a stub died holding gRPC requests it goes on waiting
+        for those calls, so the stop never depends on it."""
+        if grace is None:
+            grace = self.exit_timeout_s + 5.0
         if self.process is None:
             return
         stubs = self.descendants()
@@ -372,6 +378,8 @@ def process_tree(root: int) -> list[int]:
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The serve command's status when it stopped the server because a model failed (--on-model-failure exit)
+EXIT_MODEL_FAILED = 3
 
 
 
@@ -400,12 +408,17 @@ def with_model_control(extra: list[str] | tuple[str, ...]) -> list[str]:
     return ["--model-control-mode=explicit", "--load-model=*", *extra]
 
 
-def serve_until_signalled(server: TritonServer, drain_timeout: float = 60.0, start_timeout: float = 900.0) -> int:
+def serve_until_signalled(server: TritonServer, drain_timeout: float = 60.0, start_timeout: float = 900.0,
+                          on_model_failure: str = "reload") -> int:
     """Start `server`, print a ready line, and serve until SIGINT, SIGTERM or SIGHUP; then drain it where
     it runs in explicit model control (`TritonServer.drainable`; at most `drain_timeout` s; a second
     signal skips the rest) and stop it. Return 0; the server's status if it ended by itself; 1 if it
-    exited or was not ready within `start_timeout` s at start (said in one line). Progress goes to
-    stderr, prefixed `serve:`.
+    exited or was not ready within `start_timeout` s at start (said in one line); EXIT_MODEL_FAILED
+    where a model failed under `on_model_failure="exit"`. Progress goes to stderr, prefixed `serve:`.
+
+    While it serves, a `ModelSupervisor` looks every 0.5 s for a model whose stub died or whose serving
+    thread stopped: "reload" reloads that model alone, "exit" stops the server at once (every request
+    in flight ends with its connection) and returns EXIT_MODEL_FAILED, "off" leaves it to Triton.
 
     Draining first matters: on SIGTERM tritonserver waits, up to its exit timeout, for every open HTTP
     connection to close before it unloads anything, and a request parked in static_batching keeps its
@@ -416,7 +429,7 @@ def serve_until_signalled(server: TritonServer, drain_timeout: float = 60.0, sta
     # server runs in a session of its own, so a terminal's Ctrl-C reaches this process only.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
-    status = 0
+    status, grace = 0, None
     try:
         try:
             try:
@@ -429,10 +442,16 @@ def serve_until_signalled(server: TritonServer, drain_timeout: float = 60.0, sta
             # NOTE: not signal.pause(): a signal that lands after Python's last check for pending signals
             # and before pause() is entered leaves pause() waiting for the next one, and the server
             # running. A pending signal's handler runs at the latest when this sleep ends.
+            supervisor = None if on_model_failure == "off" else ModelSupervisor(server, on_model_failure, _say).start()
             while server.process.poll() is None:
                 time.sleep(0.5)
-            status = server.process.returncode or 1
-            _say(f"tritonserver exited by itself with status {server.process.returncode}")
+                if supervisor is not None and supervisor.check() and on_model_failure == "exit":
+                    _say("stopping the server at once (--on-model-failure exit): every request in flight ends")
+                    status, grace = EXIT_MODEL_FAILED, 0.0
+                    break
+            else:
+                status = server.process.returncode or 1
+                _say(f"tritonserver exited by itself with status {server.process.returncode}")
         except (KeyboardInterrupt, SystemExit):
             if server.drainable and server.process is not None and server.process.poll() is None:
                 _drain(server, drain_timeout)
@@ -440,7 +459,7 @@ def serve_until_signalled(server: TritonServer, drain_timeout: float = 60.0, sta
         for signum in STOP_SIGNALS:  # NOTE: nothing may cut the stop short: it removes the stubs
             signal.signal(signum, signal.SIG_IGN)
         process = server.process
-        server.stop()
+        server.stop(grace=grace)
         if status == 0 and process is not None and process.returncode:
             _say(f"tritonserver exited with status {process.returncode} (its log says why)")
     return status

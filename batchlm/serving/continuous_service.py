@@ -267,6 +267,12 @@ class ContinuousBatchingService:
             triton_io.send_final_quietly(active.sender, triton_io.error_response(exc))
         self._active.clear()
 
+    @property
+    def serving(self) -> bool:
+        """False once the engine thread has stopped: every request then fails until a reload."""
+        with self._lock:
+            return self._stopped is None
+
     def _stop_serving(self, exc: BaseException) -> None:
         """The engine thread cannot go on: fail what it held and what waits, and refuse what comes."""
         reason = f"{self._name}: the engine thread stopped ({type(exc).__name__}: {exc}); reload the model"
@@ -275,6 +281,10 @@ class ContinuousBatchingService:
             self._stopped = reason
             pending, self._inbox = self._inbox, []
         error = EngineStopped(reason)
+        try:
+            self._metrics.record_stopped()  # batchlm_serving_up 0: what the serve command's supervisor watches
+        except Exception as exc:  # noqa: BLE001 - the requests are failed below all the same
+            triton_io.log_error(f"a metrics update failed: {exc!r}")
         self._fail_all(error)
         for _, active in pending:
             triton_io.send_final_quietly(active.sender, triton_io.error_response(error))

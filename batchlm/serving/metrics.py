@@ -25,6 +25,8 @@ _GAUGES = {
     "running": ("batchlm_running_requests", "Requests whose sequences are in the running batch"),
     "kv_used": ("batchlm_kv_blocks_used", "KV-cache blocks allocated to sequences"),
     "kv_total": ("batchlm_kv_blocks_total", "KV-cache blocks in the preallocated pool"),
+    "up": ("batchlm_serving_up", "1 while the instance's serving thread runs; 0 once it has stopped and every "
+                                 "request fails until the model is reloaded"),
 }
 _COUNTERS = {
     "forward_passes": ("batchlm_forward_passes_total", "Forward passes run"),
@@ -57,6 +59,13 @@ class ModelMetrics:
         self._pushed: dict[str, float] = {}  # gauge values the server has, to skip unchanged ones
         self._min_interval = min_interval
         self._last_flush = 0.0
+        self._metrics["up"].set(1)
+
+    def record_stopped(self) -> None:
+        """The serving thread cannot go on: `batchlm_serving_up` reads 0 (pushed at once)."""
+        with self._lock:
+            self._gauges["up"] = 0
+        self.flush()
 
     def record_step(self, num_sequences: int, new_tokens: int) -> None:
         with self._lock:

@@ -20,5 +20,10 @@ class TritonPythonModel:
             self.service.submit(request)
         return None
 
+    def is_ready(self):
+        # NOTE: Triton's Python backend asks this from release 26.03 on; 2.51 never does (see the serve
+        # command's supervisor)
+        return self.service.serving
+
     def finalize(self):
         self.service.close()
