@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
+from batchlm.server.deferred_signals import STOP_SIGNALS, DeferredSignals
 from batchlm.server.supervisor import ModelSupervisor
 from batchlm.serving.instance_claim import clear_claims
 
@@ -209,10 +210,11 @@ class TritonServer:
             self._log_file = open(self.log_path, "ab")
             self._log_start = self._log_file.tell()
             out = self._log_file
-        self.process = subprocess.Popen(
-            self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent,
-        )
+        with DeferredSignals():  # NOTE: a stop signal waits until the handle is kept, for stop() to use
+            self.process = subprocess.Popen(
+                self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )
         try:
             self.wait_ready(timeout)
         except BaseException:  # NOTE: SystemExit from exit_cleanly_on_sigterm too
@@ -319,8 +321,10 @@ class TritonServer:
         after `grace` seconds, by default its exit timeout and 5 s more. tritonserver does not always
         end by itself after its exit timeout: where a stub died holding gRPC requests it goes on waiting
         for those calls, so the stop never depends on it."""
-        if grace is None:
-            grace = self.exit_timeout_s + 5.0
+        with DeferredSignals():  # NOTE: a signal must not cut it short: it removes the stubs
+            self._stop(self.exit_timeout_s + 5.0 if grace is None else grace)
+
+    def _stop(self, grace: float) -> None:
         if self.process is None:
             return
         stubs = self.descendants()
@@ -377,7 +381,6 @@ def process_tree(root: int) -> list[int]:
     return found
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # The serve command's status when it stopped the server because a model failed (--on-model-failure exit)
 EXIT_MODEL_FAILED = 3
 

@@ -151,3 +151,66 @@ def _parked_answer(http_url: str, i: int) -> tuple[str, str]:
     finally:
         client.close()
     return "200", "answered"
+
+
+@pytest.mark.parametrize("when", ["starting, 0.5 s in", "starting, 2 s in", "stopping, signalled 6 times"])
+def test_a_signal_while_the_serve_script_starts_or_stops_leaves_nothing_behind(tmp_path, when):
+    """A stop signal that lands while tritonserver is being started (before its handle is kept, or while
+    its models load) or while it is being stopped (signals repeated as an impatient user or service
+    manager sends them): the script still ends, and no process, shared-memory region or instance claim of
+    its server is left."""
+    shm_before = set(Path("/dev/shm").iterdir())
+    out = tmp_path / "stdout.txt"
+    ports = [str(free_port()) for _ in range(3)]
+    command = [sys.executable, "scripts/serve.py", "--http-port", ports[0], "--grpc-port", ports[1],
+               "--metrics-port", ports[2], "--no-frontend", "--log", str(tmp_path / "server.log"), "--",
+               "--model-control-mode=explicit", "--load-model=dynamic_batching"]
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    seen: set[int] = set()
+
+    prefixes: set[str] = set()  # its server's shared-memory prefix (other servers may run beside it)
+
+    def watch(seconds: float) -> None:  # collect every process of the script's tree while waiting
+        until = time.monotonic() + seconds
+        while time.monotonic() < until and proc.poll() is None:
+            for pid in set(process_tree(proc.pid)) - seen:
+                seen.add(pid)
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+                except OSError:
+                    continue
+                prefixes.update(a.rsplit("=", 1)[1] for a in argv if "shm-region-prefix-name=" in a)
+            time.sleep(0.02)
+
+    try:
+        if when.startswith("starting"):
+            watch(0.5 if "0.5" in when else 2.0)
+            assert "tritonserver ready" not in out.read_text(errors="replace")
+            proc.send_signal(signal.SIGTERM)
+        else:
+            deadline = time.monotonic() + 300
+            while "tritonserver ready" not in out.read_text(errors="replace"):
+                assert proc.poll() is None and time.monotonic() < deadline, out.read_text(errors="replace")[-3000:]
+                watch(0.25)
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) * 2:
+                proc.send_signal(signum)
+                watch(0.15)
+        watch(60.0)  # until the script has ended, at most 60 s
+        assert proc.poll() in (0, 1), out.read_text(errors="replace")[-3000:]
+        time.sleep(0.5)
+        assert not [pid for pid in seen if is_alive(pid)], (seen, out.read_text(errors="replace")[-3000:])
+        assert len(prefixes) <= 1, prefixes
+        assert not [p for p in Path("/dev/shm").iterdir() for prefix in prefixes if p.name.startswith(prefix)]
+        assert not [path for pid in seen for path in default_folder().glob(f"{pid}-*")], "instance claims left"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in seen:
+            if is_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+            clear_claims(pid)
+        for region in set(Path("/dev/shm").iterdir()) - shm_before:
+            if region.name.startswith("batchlm_"):
+                region.unlink(missing_ok=True)
