@@ -292,7 +292,7 @@ class ContinuousBatchingService:
     def _deliver(self, out: RequestOutput, active: _Active, now: float) -> None:
         if out.token_ids and not active.first_token_seen:
             active.first_token_seen = True
-            self._metrics.record_first_token(now - active.arrival)
+            self._metric(self._metrics.record_first_token, now - active.arrival)
         if out.finished:
             del self._active[out.request_id]
             self._watcher.unwatch(out.request_id)  # before the final send: Triton then frees the sender

@@ -4,20 +4,39 @@ there fails only the requests it touches and leaves the model serving. Off unles
 
     parameters { key: "fault_injection" value: { string_value: "step@2,metrics@1" } }
 
-Each `POINT@N` makes the N-th pass through POINT raise once: `InjectedFault` (an Exception, as a bug in
-that code would) at `admit` (adding one request to the engine), `step` (a forward pass), `abort` (a
-cancelled request's abort) and `metrics` (a metrics push); `InjectedThreadDeath` (a BaseException, so
-that nothing inside the loop catches it) at `loop`, the engine thread's loop itself.
+Each `POINT@N` makes the N-th pass through POINT raise once, passes counted per model instance from its
+load: `InjectedFault` (an Exception, as a bug in that code would) at `admit`, `step`, `abort` and
+`metrics`; `InjectedThreadDeath` (a BaseException, so that nothing inside the loop catches it) at `loop`.
+The points, in continuous_batching (its engine thread), static_batching (its worker thread; `admit` on
+Triton's thread) and dynamic_batching (Triton's execute call, which runs the batch):
+
+- `admit`: one request being accepted (continuous: added to the engine; static: parked by `submit`;
+  dynamic: a request of the batch). It alone fails.
+- `step`: a forward step. Continuous: every running request fails; static and dynamic: its batch fails.
+- `abort` (continuous only): a cancelled or expired request's abort. Logged; no other request fails.
+- `metrics`: a metrics push. Logged; no request fails.
+- `loop`: continuous and static: the thread's loop dies (between turns; static: holding the batch it
+  took). Every request it held or that waited, and every later one at once, fails until the model is
+  reloaded. dynamic_batching has no thread of its own: the N-th batch's run raises, only that batch
+  fails, and the model serves on.
+
+A failed request is answered INTERNAL "InjectedFault: fault injected at POINT, pass N" (dynamic `loop`:
+"InjectedThreadDeath: ..."); after a thread's death, INTERNAL "EngineStopped: MODEL: the engine thread
+stopped (InjectedThreadDeath: fault injected at loop, pass N); reload the model". A point the model does
+not have (`abort` in static or dynamic batching) fails the load, naming `fault_injection`.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batchlm.errors import InvalidArgument
 
 POINTS = ("admit", "step", "abort", "metrics", "loop")
+# static and dynamic batching: a cancelled row leaves inside the batch's generate, with no abort of its own
+REQUEST_LEVEL_POINTS = ("admit", "step", "metrics", "loop")
 
 
 class InjectedFault(Exception):
@@ -25,7 +44,7 @@ class InjectedFault(Exception):
 
 
 class InjectedThreadDeath(BaseException):
-    """Raised at `loop`: the engine thread cannot go on."""
+    """Raised at `loop`: the serving thread cannot go on."""
 
 
 @dataclass
@@ -35,13 +54,14 @@ class FaultInjector:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @classmethod
-    def parse(cls, spec: str, key: str = "fault_injection") -> FaultInjector:
-        """`POINT@N[,POINT@N...]`, or "" for none; InvalidArgument naming `key` otherwise."""
+    def parse(cls, spec: str, key: str = "fault_injection", points: Sequence[str] = POINTS) -> FaultInjector:
+        """`POINT@N[,POINT@N...]` with each POINT one of `points` (the model's), or "" for none;
+        InvalidArgument naming `key` otherwise."""
         plan: dict[str, int] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):
             point, _, at = item.partition("@")
-            if point not in POINTS or not at.isdigit() or int(at) < 1 or point in plan:
-                raise InvalidArgument(key, f"{item!r} is not POINT@N with N >= 1 and POINT one of {list(POINTS)} "
+            if point not in points or not at.isdigit() or int(at) < 1 or point in plan:
+                raise InvalidArgument(key, f"{item!r} is not POINT@N with N >= 1 and POINT one of {list(points)} "
                                            "(each point once)")
             plan[point] = int(at)
         return cls(plan)

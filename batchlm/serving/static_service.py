@@ -25,6 +25,15 @@ Cancellation: a parked request whose client cancelled is answered CANCELLED by t
 a running batch is asked every `cancel_check_period` seconds (`batchlm.serving.cancel_poll`) and, once
 cancelled, leaves the batch and is answered CANCELLED when the batch ends. A batch whose clients all
 went away ends within a period and a step.
+
+No request is left unanswered: whatever raises fails only the requests it touches, with INTERNAL, and the
+model goes on serving. A request that cannot be parked is answered at once; a batch whose run fails
+(a forward step, or anything else) is answered as a whole, row by row if its answers had begun; a
+failed metrics push is logged and fails nothing; a failed watchdog check is logged and the watchdog
+looks again. If the worker thread itself cannot go on (a BaseException), the batch it held, every
+parked or queued request and every later one is failed at once with INTERNAL "the engine thread
+stopped ...; reload the model". `fault_injection` (batchlm.serving.fault_injection: `admit` in
+`submit`, `step`, `metrics`, `loop`) makes each of these happen on purpose.
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ from batchlm.engine.sequence import FinishReason
 from batchlm.errors import InvalidArgument, Unavailable
 from batchlm.serving import triton_io
 from batchlm.serving.cancel_poll import CancelPoll, leave_check
+from batchlm.serving.continuous_service import EngineStopped
+from batchlm.serving.fault_injection import REQUEST_LEVEL_POINTS, FaultInjector
 from batchlm.serving.metrics import ModelMetrics
 from batchlm.serving.request_schema import GenerateRequest
 
@@ -64,13 +75,15 @@ class StaticBatchingService:
     def __init__(self, build_generator: Callable[[], BatchGenerator], metrics: ModelMetrics, batch_size: int,
                  max_waiting: int, model_name: str, is_ready: Callable[[], bool] | None = None,
                  watch_interval: float = 0.5, is_superseded: Callable[[], bool] = lambda: False,
-                 cancel_check_period: float = 0.1, max_wait: float = 0.0) -> None:
+                 cancel_check_period: float = 0.1, max_wait: float = 0.0, fault_injection: str = "") -> None:
         """Builds the generator on the worker thread and returns when it is built (or raises).
 
-        Raises InvalidArgument("max_waiting") if `max_waiting` < `batch_size`: no batch could ever fill."""
+        Raises InvalidArgument("max_waiting") if `max_waiting` < `batch_size`: no batch could ever fill;
+        InvalidArgument("fault_injection") for a plan naming a point this model does not have."""
         if max_waiting < batch_size:
             raise InvalidArgument("max_waiting", f"{max_waiting} is below batch_size={batch_size}: requests "
                                                  "past it are refused, so no batch could ever fill")
+        self._faults = FaultInjector.parse(fault_injection, points=REQUEST_LEVEL_POINTS)
         self._metrics = metrics
         self._cancel_check_period = cancel_check_period
         self._batch_size = batch_size
@@ -80,6 +93,7 @@ class StaticBatchingService:
         self._lock = threading.Lock()
         self._parked: list[_Parked] = []  # guarded by _lock
         self._closed = False  # guarded by _lock
+        self._stopped: str | None = None  # why the worker thread stopped, if it did; guarded by _lock
         self._batches: queue.Queue = queue.Queue()
         self._running = 0  # rows in the batch being run, for metrics only; guarded by _lock
         self._worker = OwnerThread("batchlm-static", build_generator, self._run)
@@ -93,33 +107,36 @@ class StaticBatchingService:
             self._watcher.start()
 
     def submit(self, raw_request) -> None:
-        """Park one request, and release a batch when `batch_size` are parked."""
+        """Park one request, and release a batch when `batch_size` are parked. A request that cannot be
+        parked (bad input, overload, unloading, a stopped worker, a fault) is answered at once."""
         sender = raw_request.get_response_sender()
-        arrival = time.monotonic()
         try:
-            request = triton_io.parse_request_level(raw_request, self._generator, self._name)
-            deadline = triton_io.deadline(raw_request, arrival)
-        except InvalidArgument as exc:
-            triton_io.send_final(sender, triton_io.error_response(exc))
-            return
-        error = None
+            self._park(raw_request, sender)
+        except Exception as exc:  # noqa: BLE001 - never parked: this request alone is answered, here
+            if not isinstance(exc, (InvalidArgument, Unavailable, EngineStopped)):
+                triton_io.log_error(f"{self._name}: parking a request failed: {exc!r}")
+            triton_io.send_final_quietly(sender, triton_io.error_response(exc))
+        self._quietly(self._record_queue)
+
+    def _park(self, raw_request, sender) -> None:
+        arrival = time.monotonic()
+        request = triton_io.parse_request_level(raw_request, self._generator, self._name)
+        deadline = triton_io.deadline(raw_request, arrival)
+        self._faults.hit("admit")
         self._drop_cancelled()
         with self._lock:
+            if self._stopped is not None:
+                raise EngineStopped(self._stopped)
             if self._closed:
-                error = Unavailable(f"{self._name} is unloading; retry later")
-            elif self._waiting() >= self._max_waiting:
-                error = Unavailable(
-                    f"{self._name} is overloaded: {self._max_waiting} requests already waiting")
-            else:
-                self._parked.append(_Parked(request, sender, arrival, deadline))
-                if len(self._parked) >= self._batch_size:
-                    batch, self._parked = self._parked[: self._batch_size], self._parked[self._batch_size:]
-                    self._batches.put(batch)
-                if self._parked and (self._max_wait or deadline is not None):
-                    self._poke.set()  # the watchdog's next look may be due sooner than its interval
-        if error is not None:
-            triton_io.send_final(sender, triton_io.error_response(error))
-        self._record_queue()
+                raise Unavailable(f"{self._name} is unloading; retry later")
+            if self._waiting() >= self._max_waiting:
+                raise Unavailable(f"{self._name} is overloaded: {self._max_waiting} requests already waiting")
+            self._parked.append(_Parked(request, sender, arrival, deadline))
+            if len(self._parked) >= self._batch_size:
+                batch, self._parked = self._parked[: self._batch_size], self._parked[self._batch_size:]
+                self._batches.put(batch)
+            if self._parked and (self._max_wait or deadline is not None):
+                self._poke.set()  # the watchdog's next look may be due sooner than its interval
 
     def close(self, timeout: float = 60.0) -> None:
         """Refuse new requests, fail parked ones, let a running batch finish, stop the threads.
@@ -153,7 +170,7 @@ class StaticBatchingService:
             parked = list(self._parked)
         # is_cancelled() is a round trip to the server: asked outside the lock, so the worker's metrics
         # and other submits do not wait on it.
-        cancelled = [entry.sender for entry in parked if entry.sender.is_cancelled()]
+        cancelled = [entry.sender for entry in parked if _asks_cancelled(entry.sender)]
         if not cancelled:
             return
         with self._lock:  # only those still parked: a batch or an unload may have taken some meanwhile
@@ -163,8 +180,8 @@ class StaticBatchingService:
         for entry in removed:
             triton_io.send_final_quietly(entry.sender, triton_io.cancelled_response(self._name))
         if removed:  # NOTE: pushed now: with nothing left parked the watchdog flushes nothing more
-            self._record_queue()
-            self._metrics.flush()
+            self._quietly(self._record_queue)
+            self._quietly(self._metrics.flush)
 
     def _expire_and_release(self) -> None:
         """Answer the parked requests whose timeout passed (UNAVAILABLE), and release an incomplete batch
@@ -180,8 +197,8 @@ class StaticBatchingService:
             triton_io.send_final_quietly(entry.sender, triton_io.error_response(
                 triton_io.timed_out(self._name, now - entry.arrival)))
         if expired:
-            self._record_queue()
-            self._metrics.flush()
+            self._quietly(self._record_queue)
+            self._quietly(self._metrics.flush)
 
     def _next_look(self, interval: float) -> float:
         """Seconds until the watchdog must look again: `interval`, or sooner if a parked request's
@@ -206,49 +223,92 @@ class StaticBatchingService:
         tritonserver abort at shutdown (boost lock_exception in TRITONBACKEND_ModelInstanceFinalize,
         every time the server was stopped within 0.5 s of loading this model)."""
         while True:
-            self._poke.wait(self._next_look(interval))
-            self._poke.clear()
-            if self._stop_watch.is_set():
-                return
-            self._expire_and_release()
-            with self._lock:
-                idle = not self._parked
-            if idle:  # nothing to close or fail; and no call to the server that could overlap finalize
-                continue
-            # Metrics are buffered (ModelMetrics): with requests parked and nothing else recorded,
-            # push the waiting count now, or it reads the first of a burst until the next request
-            self._metrics.flush()
-            self._drop_cancelled()
-            if is_superseded():
-                self._fail_parked("reloaded")
-                return
             try:
-                ready = is_ready()
-            except Exception as exc:  # noqa: BLE001 - the server is going away; treat as not ready
-                triton_io.log_verbose(f"{self._name}: readiness check failed: {exc!r}")
-                ready = False
-            if not ready:
-                self._fail_parked()
-                return
+                if self._look(is_ready, is_superseded, interval):
+                    return
+            except Exception as exc:  # noqa: BLE001 - a failed check fails no request: look again next time
+                triton_io.log_error(f"{self._name}: the watchdog's check failed: {exc!r}")
+                self._stop_watch.wait(interval)
+
+    def _look(self, is_ready: Callable[[], bool], is_superseded: Callable[[], bool], interval: float) -> bool:
+        """One look of the watchdog, once its interval or a poke says so; True when it is done for good."""
+        self._poke.wait(self._next_look(interval))
+        self._poke.clear()
+        if self._stop_watch.is_set():
+            return True
+        self._expire_and_release()
+        with self._lock:
+            idle = not self._parked
+        if idle:  # nothing to close or fail; and no call to the server that could overlap finalize
+            return False
+        # Metrics are buffered (ModelMetrics): with requests parked and nothing else recorded,
+        # push the waiting count now, or it reads the first of a burst until the next request
+        self._metrics.flush()
+        self._drop_cancelled()
+        if is_superseded():
+            self._fail_parked("reloaded")
+            return True
+        try:
+            ready = is_ready()
+        except Exception as exc:  # noqa: BLE001 - the server is going away; treat as not ready
+            triton_io.log_verbose(f"{self._name}: readiness check failed: {exc!r}")
+            ready = False
+        if not ready:
+            self._fail_parked()
+            return True
+        return False
 
     def _run(self, generator: BatchGenerator) -> None:
         self._generator = generator
         self._quietly(self._record_queue)  # the KV pool from the load on, before any request
         self._quietly(self._metrics.record_idle)
-        while (batch := self._batches.get()) is not _STOP:
-            try:
-                self._run_batch(batch)
-            except Exception as exc:  # noqa: BLE001 - whatever escaped: answer the batch, keep the worker
-                triton_io.log_error(f"{self._name}: batch failed after its answers began: {exc!r}")
-                for entry in batch:
-                    triton_io.send_final_quietly(entry.sender, triton_io.error_response(exc))
+        held: list[_Parked] = []
+        try:
+            while (batch := self._batches.get()) is not _STOP:
+                held = batch
+                self._faults.hit("loop")
+                try:
+                    self._run_batch(batch)
+                except Exception as exc:  # noqa: BLE001 - whatever escaped _run_batch's own guards: answer
+                    # the batch (a row already answered just logs a failed send), keep the worker
+                    triton_io.log_error(f"{self._name}: batch failed outside its guards: {exc!r}")
+                    for entry in batch:
+                        triton_io.send_final_quietly(entry.sender, triton_io.error_response(exc))
+                held = []
+        except BaseException as exc:  # noqa: BLE001 - the thread cannot go on: answer everyone, refuse the rest
+            self._stop_serving(exc, held)
+
+    def _stop_serving(self, exc: BaseException, held: list[_Parked]) -> None:
+        """The worker thread cannot go on: fail the batch it held and every request that waits, and
+        refuse what comes (`submit` raises EngineStopped)."""
+        reason = f"{self._name}: the engine thread stopped ({type(exc).__name__}: {exc}); reload the model"
+        triton_io.log_error(reason)
+        with self._lock:
+            self._stopped = reason
+            self._running = 0
+            waiting, self._parked = self._parked, []
+            while not self._batches.empty():
+                queued = self._batches.get_nowait()
+                waiting += [] if queued is _STOP else queued
+        self._quietly(self._metrics.record_stopped)  # batchlm_serving_up 0: what the serve command's supervisor watches
+        error = EngineStopped(reason)
+        for entry in held + waiting:
+            triton_io.send_final_quietly(entry.sender, triton_io.error_response(error))
+        self._quietly(self._record_queue)
+
+    @property
+    def serving(self) -> bool:
+        """False once the worker thread has stopped: every request then fails until a reload."""
+        with self._lock:
+            return self._stopped is None
 
     def _run_batch(self, batch: list[_Parked]) -> None:
         with self._lock:
             self._running = len(batch)
         start = time.monotonic()
-        poll = CancelPoll([leave_check(e.sender.is_cancelled, e.deadline) for e in batch], self._cancel_check_period)
         try:
+            poll = CancelPoll([leave_check(e.sender.is_cancelled, e.deadline) for e in batch],
+                              self._cancel_check_period)
             outputs = self._generator.generate(
                 [(e.request.prompt, e.request.params) for e in batch], on_step=self._on_step, cancelled_rows=poll.poll)
         except Exception as exc:  # noqa: BLE001 - answer every request of the batch, keep serving
@@ -263,22 +323,30 @@ class StaticBatchingService:
             self._quietly(self._metrics.record_idle)  # NOTE: after the gauges' update, which this flush pushes
         now = time.monotonic()
         for entry, out in zip(batch, outputs):
-            if out.finish_reason is FinishReason.CANCELLED:
-                response = triton_io.left_batch_response(self._name, entry.deadline, entry.arrival, now)
-            elif entry.sender.is_cancelled():
-                response = triton_io.cancelled_response(self._name)
-            else:
-                response = triton_io.output_response(out, out.text, False)
+            try:
+                response = self._answer(entry, out, now)
+            except Exception as exc:  # noqa: BLE001 - this row alone fails; the others are answered
+                triton_io.log_error(f"{self._name}: answering a request failed: {exc!r}")
+                response = triton_io.error_response(exc)
             triton_io.send_final_quietly(entry.sender, response)
         triton_io.log_verbose(f"{self._name}: batch of {len(batch)} in {time.monotonic() - start:.2f}s")
 
+    def _answer(self, entry: _Parked, out, now: float):
+        if out.finish_reason is FinishReason.CANCELLED:
+            return triton_io.left_batch_response(self._name, entry.deadline, entry.arrival, now)
+        if entry.sender.is_cancelled():
+            return triton_io.cancelled_response(self._name)
+        return triton_io.output_response(out, out.text, False)
+
     def _on_step(self, num_sequences: int, new_tokens: int) -> None:
+        self._faults.hit("step")  # NOTE: raised as the step returns: the batch's rows are aborted, it fails
         self._quietly(self._metrics.record_step, num_sequences, new_tokens)
         self._quietly(self._record_queue)
 
     def _quietly(self, record: Callable[..., None], *args) -> None:
         """A metrics update: one that fails is logged, and fails no request."""
         try:
+            self._faults.hit("metrics")
             record(*args)
         except Exception as exc:  # noqa: BLE001 - metrics are not worth a batch
             triton_io.log_error(f"{self._name}: a metrics update failed: {exc!r}")
@@ -294,3 +362,12 @@ class StaticBatchingService:
         with self._lock:
             self._metrics.set_queue(self._waiting(), self._running, *self._generator.kv_usage())
         self._metrics.flush_if_due()
+
+
+def _asks_cancelled(sender) -> bool:
+    """`sender.is_cancelled()`; a question that raises counts as "not cancelled" (as in CancelPoll)."""
+    try:
+        return sender.is_cancelled()
+    except Exception as exc:  # noqa: BLE001 - the server is going away: the request is failed by other means
+        triton_io.log_verbose(f"asking whether a request was cancelled failed: {exc!r}")
+        return False

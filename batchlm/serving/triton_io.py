@@ -154,8 +154,6 @@ def load_serving_config(args: dict, decoupled: bool, static: bool = False) -> tu
     name = config["name"]
     require_transaction_policy(config, decoupled)
     serving = ServingConfig.from_parameters(parameters(config))
-    if serving.fault_injection and not decoupled:
-        raise InvalidArgument("fault_injection", "only continuous_batching's engine thread has fault points")
     if serving.max_wait_ms and not static:
         raise InvalidArgument("max_wait_ms", "only static_batching waits for a batch to fill; dynamic_batching's "
                                              "wait is max_queue_delay_microseconds")

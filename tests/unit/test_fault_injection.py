@@ -4,7 +4,7 @@ the `fault_injection` key; the shipped configs plan no fault."""
 import pytest
 
 from batchlm.errors import InvalidArgument
-from batchlm.serving.fault_injection import FaultInjector, InjectedFault, InjectedThreadDeath
+from batchlm.serving.fault_injection import REQUEST_LEVEL_POINTS, FaultInjector, InjectedFault, InjectedThreadDeath
 from batchlm.serving.serving_config import ServingConfig
 
 
@@ -32,3 +32,11 @@ def test_a_bad_plan_is_refused_naming_the_key(spec):
 def test_no_plan_is_no_fault():
     assert ServingConfig.from_parameters({}).fault_injection == ""
     FaultInjector.parse("").hit("step")
+
+
+def test_a_point_the_model_does_not_have_is_refused_naming_the_key():
+    """static and dynamic batching have no `abort`: their services parse the plan with their own points."""
+    with pytest.raises(InvalidArgument) as err:
+        FaultInjector.parse("step@2,abort@1", points=REQUEST_LEVEL_POINTS)
+    assert err.value.field == "fault_injection" and "'abort@1'" in str(err.value)
+    assert FaultInjector.parse("admit@1,step@1,metrics@1,loop@1", points=REQUEST_LEVEL_POINTS).plan["loop"] == 1

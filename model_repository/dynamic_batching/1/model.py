@@ -14,7 +14,12 @@ class TritonPythonModel:
         check_batch_fits(config.engine, triton_io.model_config(args)["max_batch_size"], "max_batch_size")
         generator = BatchGenerator.from_dir(model_dir, config.engine)
         self.service = DynamicBatchingService(generator, ModelMetrics(name, args["model_instance_name"]), name,
-                                              config.cancellation_check_period_ms / 1000)
+                                              config.cancellation_check_period_ms / 1000, config.fault_injection)
+
+    def is_ready(self):
+        # NOTE: Triton's Python backend asks this from release 26.03 on; 2.51 never does (see the serve
+        # command's supervisor)
+        return self.service.serving
 
     def execute(self, requests):
         return self.service.execute(requests)

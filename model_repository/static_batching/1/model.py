@@ -19,8 +19,14 @@ class TritonPythonModel:
                                              config.max_waiting, name, triton_io.readiness_probe(name),
                                              is_superseded=self.claim.superseded,
                                              cancel_check_period=config.cancellation_check_period_ms / 1000,
-                                             max_wait=config.max_wait_ms / 1000)
+                                             max_wait=config.max_wait_ms / 1000,
+                                             fault_injection=config.fault_injection)
         self.claim.claim()  # NOTE: last: a successor that fails to load must not supersede this instance
+
+    def is_ready(self):
+        # NOTE: Triton's Python backend asks this from release 26.03 on; 2.51 never does (see the serve
+        # command's supervisor)
+        return self.service.serving
 
     def execute(self, requests):
         for request in requests:
