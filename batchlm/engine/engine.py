@@ -64,6 +64,7 @@ class LLMEngine:
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
+        _ = tokenizer.max_bytes_per_token  # NOTE: worked out at load, not on the first request's thread
         self.vocab_size = model.config.vocab_size
         dtype = next(model.parameters()).dtype
         self.kv_cache = KVCache(model.config, config.num_kv_blocks, config.block_size, config.device, dtype)
@@ -115,7 +116,15 @@ class LLMEngine:
 
     def check_fits(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """Validate a request without queueing it: its token ids, or InvalidArgument if it could never
-        run. Reads only the config and the tokenizer, so any thread may call it."""
+        run. Reads only the config and the tokenizer, so any thread may call it.
+
+        A text too long for the model whatever its tokens is refused before it is tokenized (see
+        `Tokenizer.max_bytes_per_token`): tokenizing 64 KiB takes ~25 ms of CPU that a refusal need not cost."""
+        per_token = self.tokenizer.max_bytes_per_token if isinstance(prompt, str) else None
+        limit = min(self.config.max_model_len, self.config.num_kv_tokens)
+        if per_token is not None and (size := len(prompt.encode())) > limit * per_token:
+            raise InvalidArgument("prompt", f"{size} bytes cannot fit the limit of {limit} tokens (a token "
+                                            f"stands for at most {per_token} bytes); refused before tokenizing")
         ids = self.encode(prompt)
         check_fits(self.config, len(ids), params.max_tokens)
         return ids

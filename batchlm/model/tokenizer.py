@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -57,8 +58,24 @@ class Tokenizer:
         return cls(hf, bool(add_bos), bos, frozenset(eos))
 
     def encode(self, text: str) -> list[int]:
-        ids = self.hf.encode(text, add_special_tokens=False).ids
+        # NOTE: encode_batch, not encode: it lets go of the GIL while it works, and encode holds it for
+        # the whole text (~25 ms for 64 KiB), stalling every other thread of the process, a serving
+        # model's stepping thread among them
+        ids = self.hf.encode_batch([text], add_special_tokens=False)[0].ids
         return [self.bos_token_id, *ids] if self.add_bos else ids
+
+    @cached_property
+    def max_bytes_per_token(self) -> int | None:
+        """The most UTF-8 bytes of input one token can stand for, or None where that does not bound
+        the token count (a normalizer may shrink the text before it is split). With it, a text of B
+        bytes has at least B / max_bytes_per_token tokens: enough to refuse a text far too long for a
+        model without tokenizing it."""
+        if self.hf.normalizer is not None:
+            return None
+        # NOTE: decoding each token alone overstates a partial UTF-8 sequence (it decodes to U+FFFD,
+        # 3 bytes), which only loosens the bound
+        texts = self.hf.decode_batch([[i] for i in range(self.vocab_size)], skip_special_tokens=False)
+        return max(1, *(len(text.encode()) for text in texts))
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)

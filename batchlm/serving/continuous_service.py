@@ -103,7 +103,7 @@ class ContinuousBatchingService:
             request = triton_io.parse_request(raw_request)
             # NOTE: tokenized here, on Triton's thread: a long prompt's tokenization never holds up the
             # engine thread's steps, and a request that could never run is refused before it queues
-            prompt_ids = self._engine.check_fits(request.prompt, request.params)
+            prompt_ids = triton_io.check_fits(self._engine, request)
             deadline = triton_io.deadline(raw_request, arrival)
         except InvalidArgument as exc:
             triton_io.send_final(sender, triton_io.error_response(exc))

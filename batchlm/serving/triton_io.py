@@ -54,8 +54,19 @@ def parse_request_level(request, generator, model_name: str) -> GenerateRequest:
     if parsed.stream:
         raise InvalidArgument("stream", f"{model_name} cannot stream: it answers once, when its whole batch "
                               "is done; use continuous_batching for stream=true")
-    generator.check_fits(parsed.prompt, parsed.params)
+    check_fits(generator, parsed)
     return parsed
+
+
+def check_fits(engine, parsed: GenerateRequest):
+    """`engine.check_fits` on the request's prompt and parameters (an LLMEngine's returns the token
+    ids), with a refusal of the prompt named as the input the client sent, `text_input`."""
+    try:
+        return engine.check_fits(parsed.prompt, parsed.params)
+    except InvalidArgument as exc:
+        if exc.field == "prompt":
+            raise InvalidArgument("text_input", exc.message) from None
+        raise
 
 
 def deadline(request, arrival: float) -> float | None:

@@ -105,6 +105,13 @@ def test_check_fits_names_the_field(parts):
     with pytest.raises(InvalidArgument) as err:
         generator.check_fits([1] * 300, greedy(1))
     assert err.value.field == "prompt"
+    per_token = parts[1].max_bytes_per_token
+    with pytest.raises(InvalidArgument) as err:  # more bytes than 256 tokens hold: before tokenizing
+        generator.check_fits("a" * (256 * per_token + 1), greedy(1))
+    assert err.value.field == "prompt" and "before tokenizing" in err.value.message
+    with pytest.raises(InvalidArgument) as err:  # as many bytes as 256 tokens hold: tokenized, then refused
+        generator.check_fits("ab " * (256 * per_token // 3), greedy(1))
+    assert err.value.field == "prompt" and "tokens exceed the limit of 256" in err.value.message
 
 
 def test_batch_generator_rejects_a_batch_that_does_not_fit(parts):

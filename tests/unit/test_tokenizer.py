@@ -111,3 +111,17 @@ def test_eos_ids_merge_config_and_generation_config(model_dir, tmp_path):
     d = shutil.copytree(model_dir, tmp_path / "eos")
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5]}))
     assert Tokenizer.from_dir(d).eos_token_ids == frozenset({2, 5})
+
+
+def test_max_bytes_per_token_bounds_the_token_count_from_below(tok):
+    """No text has fewer tokens than its bytes over `max_bytes_per_token`: the bound the engine refuses
+    a far too long prompt by, before tokenizing it. Checked on the tokens' own texts repeated (the
+    longest tokens, the worst case) and on mixed scripts."""
+    per_token = tok.max_bytes_per_token
+    assert per_token is not None and per_token > 1
+    longest = sorted(range(tok.vocab_size), key=lambda i: -len(tok.hf.decode([i], skip_special_tokens=False).encode()))
+    texts = [*TEXTS, "".join(tok.hf.decode([i], skip_special_tokens=False) for i in longest[:200]) * 5]
+    for text in texts:
+        ids = tok.encode(text)[1 if tok.add_bos else 0:]
+        assert len(ids) >= len(text.encode()) / per_token, text[:80]
+        assert ids == tok.hf.encode(text, add_special_tokens=False).ids  # encode_batch gives encode's ids
