@@ -249,12 +249,7 @@ class ContinuousBatchingService:
                      stats.kv_blocks_total)
 
     def _metric(self, record: Callable[..., None], *args) -> None:
-        """A metrics update: one that fails is logged, and fails no request."""
-        try:
-            self._faults.hit("metrics")
-            record(*args)
-        except Exception as exc:  # noqa: BLE001 - metrics are not worth a request
-            triton_io.log_error(f"a metrics update failed: {exc!r}")
+        triton_io.record_metric(self._faults, self._name, record, *args)
 
     def _fail_all(self, exc: BaseException) -> None:
         triton_io.log_error(f"engine step failed, failing {len(self._active)} requests: {exc!r}")

@@ -121,12 +121,7 @@ class DynamicBatchingService:
         self._quietly(lambda: self._metrics.record_queue(0, num_sequences, *self._generator.kv_usage()))
 
     def _quietly(self, record: Callable[..., None], *args) -> None:
-        """A metrics update: one that fails is logged, and fails no request."""
-        try:
-            self._faults.hit("metrics")
-            record(*args)
-        except Exception as exc:  # noqa: BLE001 - metrics are not worth a batch
-            triton_io.log_error(f"{self._name}: a metrics update failed: {exc!r}")
+        triton_io.record_metric(self._faults, self._name, record, *args)
 
     def _fail_unanswered(self, responses: list, exc: BaseException) -> None:
         """Answer INTERNAL every request of the batch that has no response yet. If the engine was left

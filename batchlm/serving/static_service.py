@@ -344,12 +344,7 @@ class StaticBatchingService:
         self._quietly(self._record_queue)
 
     def _quietly(self, record: Callable[..., None], *args) -> None:
-        """A metrics update: one that fails is logged, and fails no request."""
-        try:
-            self._faults.hit("metrics")
-            record(*args)
-        except Exception as exc:  # noqa: BLE001 - metrics are not worth a batch
-            triton_io.log_error(f"{self._name}: a metrics update failed: {exc!r}")
+        triton_io.record_metric(self._faults, self._name, record, *args)
 
     def _waiting(self) -> int:
         """Requests parked or in full batches behind the running one; the caller holds _lock."""

@@ -5,6 +5,7 @@ read `config.pbtxt` parameters. Imported only inside the backend stub (needs tri
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +128,15 @@ def triton_error(exc: BaseException) -> "pb_utils.TritonError":
 
 def send_final(sender, response) -> None:
     sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def record_metric(faults, model_name: str, record: Callable[..., None], *args) -> None:
+    """A metrics update (the `metrics` fault point first): one that fails is logged and fails no request."""
+    try:
+        faults.hit("metrics")
+        record(*args)
+    except Exception as exc:  # noqa: BLE001 - metrics are not worth a request
+        log_error(f"{model_name}: a metrics update failed: {exc!r}")
 
 
 def log_error(message: str) -> None:

@@ -336,6 +336,7 @@ def test_client_cost_measures_every_way_of_asking(tmp_path):
         assert (cells[7] != "-") is way.startswith("streamed"), cells
 
 
+@pytest.mark.slow  # NOTE: tooling beside serving; make test-slow runs it (make test stays under 10 min)
 def test_queue_delay_sweep_serves_each_value_and_the_delay_forms_the_batch(tmp_path):
     """`batchlm-bench sweep` over dynamic_batching's max_queue_delay_microseconds, with the workload flags:
     four requests sent together are one batch of 4 that waited out a 1.5 s timer, and not with no timer."""
@@ -360,6 +361,7 @@ def test_queue_delay_sweep_serves_each_value_and_the_delay_forms_the_batch(tmp_p
     assert set(Path(tempfile.gettempdir()).glob("batchlm-overrides-*")) == scratch  # the copies are removed
 
 
+@pytest.mark.slow  # NOTE: tooling beside serving; make test-slow runs it (make test stays under 10 min)
 def test_two_instances_run_two_batches_at_once_and_their_metrics_add_up(tmp_path):
     """A sweep moving two fields together, --set on a list entry and on a list of scalars:
     dynamic_batching with 2 instances of 1 thread each and batches of at most (and preferably) 4 runs 8

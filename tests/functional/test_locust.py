@@ -264,6 +264,7 @@ def test_step_load_past_capacity_fails_with_tritons_message(small_server, tmp_pa
     assert int(e2e["Request Count"]) > int(e2e["Failure Count"]) > 0  # served up to capacity, then refused
 
 
+@pytest.mark.slow  # NOTE: tooling beside serving; make test-slow runs it (make test stays under 10 min)
 def test_distributed_run_aggregates_two_workers(server, tmp_path):
     port = free_port()
     prefix = tmp_path / "run"

@@ -102,17 +102,7 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
         assert not list(default_folder().glob(f"{server_pid}-*")), "instance claims left behind"
         assert not [p for p in set(Path("/dev/shm").iterdir()) - shm_before if p.name.startswith("batchlm_")]
     finally:  # NOTE: on a failure, leave nothing behind for the tests after this one
-        left = process_tree(proc.pid) + tree
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in left:
-            if is_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-            clear_claims(pid)  # NOTE: the server's among them names its stubs' instance claims
-        for region in set(Path("/dev/shm").iterdir()) - shm_before:
-            if region.name.startswith("batchlm_"):
-                region.unlink(missing_ok=True)
+        _leave_nothing(proc, process_tree(proc.pid) + tree, shm_before)
 
 
 def test_serve_script_says_in_one_line_why_it_is_not_serving(tmp_path):
@@ -153,7 +143,8 @@ def _parked_answer(http_url: str, i: int) -> tuple[str, str]:
     return "200", "answered"
 
 
-@pytest.mark.parametrize("when", ["starting, 0.5 s in", "starting, 2 s in", "stopping, signalled 6 times"])
+@pytest.mark.parametrize("when", [pytest.param("starting, 0.5 s in", marks=pytest.mark.slow),  # the handle kept
+                                  "starting, 2 s in", "stopping, signalled 6 times"])
 def test_a_signal_while_the_serve_script_starts_or_stops_leaves_nothing_behind(tmp_path, when):
     """A stop signal that lands while tritonserver is being started (before its handle is kept, or while
     its models load) or while it is being stopped (signals repeated as an impatient user or service
@@ -204,13 +195,19 @@ def test_a_signal_while_the_serve_script_starts_or_stops_leaves_nothing_behind(t
         assert not [p for p in Path("/dev/shm").iterdir() for prefix in prefixes if p.name.startswith(prefix)]
         assert not [path for pid in seen for path in default_folder().glob(f"{pid}-*")], "instance claims left"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in seen:
-            if is_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-            clear_claims(pid)
-        for region in set(Path("/dev/shm").iterdir()) - shm_before:
-            if region.name.startswith("batchlm_"):
-                region.unlink(missing_ok=True)
+        _leave_nothing(proc, seen, shm_before)
+
+
+def _leave_nothing(proc: subprocess.Popen, pids, shm_before: set[Path]) -> None:
+    """After a failure: kill the script and every process of its tree, and remove their instance claims
+    and new shared-memory regions, so that nothing is left for the tests after it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        if is_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        clear_claims(pid)  # NOTE: the server's among them names its stubs' instance claims
+    for region in set(Path("/dev/shm").iterdir()) - shm_before:
+        if region.name.startswith("batchlm_"):
+            region.unlink(missing_ok=True)

@@ -90,6 +90,7 @@ def test_the_gpu_image_installs_no_second_torch():
     assert re.search(r"pip install [^\n]*--no-deps -e \.", text), "the package must be installed without its deps"
 
 
+@pytest.mark.slow  # NOTE: tooling beside serving; make test-slow runs it (make test stays under 10 min)
 def test_the_images_dependencies_resolve_for_the_images_python(tmp_path):
     """pip resolves (downloads nothing but metadata) each image's requirement list for the Python its base
     image ships, so a pin the image cannot install fails here. A pin known not to exist for Python 3.10
