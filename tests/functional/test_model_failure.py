@@ -27,17 +27,16 @@ MODEL = "continuous_batching"
 
 
 class Serve:
-    """`scripts/serve.py` as a user runs it, with continuous_batching and dynamic_batching loaded."""
+    """`scripts/serve.py` as a user runs it, with `models` loaded."""
 
-    def __init__(self, tmp_path: Path, *options: str) -> None:
+    def __init__(self, tmp_path: Path, *options: str, models: tuple[str, ...] = (MODEL, "dynamic_batching")) -> None:
         self.out = tmp_path / "serve.txt"
         self.ports = [free_port() for _ in range(3)]
         self.http = f"127.0.0.1:{self.ports[0]}"
         command = [sys.executable, "scripts/serve.py", "--http-port", str(self.ports[0]),
                    "--grpc-port", str(self.ports[1]), "--metrics-port", str(self.ports[2]), "--no-frontend",
-                   "--log", str(tmp_path / "server.log"), *options, "--",
-                   "--model-control-mode=explicit", f"--load-model={MODEL}", "--load-model=dynamic_batching",
-                   "--exit-timeout-secs=3"]
+                   "--log", str(tmp_path / "server.log"), *options, "--", "--model-control-mode=explicit",
+                   *[f"--load-model={model}" for model in models], "--exit-timeout-secs=3"]
         with open(self.out, "wb") as sink:
             self.proc = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=sink, stderr=subprocess.STDOUT)
         self.tree: list[int] = []
@@ -88,45 +87,80 @@ def _attempt(http: str, model: str, max_tokens: int, timeout: float) -> tuple[st
     return said, time.monotonic() - started
 
 
-def test_a_killed_stub_is_reloaded_while_the_other_model_serves_on(tmp_path):
-    """kill -9 of continuous_batching's stub under load. dynamic_batching answers every request
-    throughout; every request to continuous_batching meanwhile is answered in full or refused within
-    seconds; within 20 s the model serves again, with a new stub. The requests the dead stub held are the
-    limit: Triton 2.51 never answers them (here their clients give up after 6 s)."""
-    serve = Serve(tmp_path)
+MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
+BATCH = 8  # static_batching's batch_size: it answers nothing until this many requests are there
+
+
+def _served(http: str, model: str) -> list[tuple[str | None, float]]:
+    """A short request answered in full; for static_batching, a full batch of them."""
+    n = BATCH if model == "static_batching" else 1
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: _attempt(http, model, 4, 30.0), range(n)))
+
+
+def test_each_killed_stub_is_reloaded_while_the_others_serve_on(tmp_path):
+    """kill -9 of each model's stub in turn, with two requests in it (parked in static_batching, running
+    in the others). The other models answer every request throughout; a request sent to the dead model
+    fails with a clear error within seconds; the supervisor reloads it and it serves again, with a new
+    stub, within 20 s. The requests the dead stub held: dynamic_batching's fail with Triton's "Stub
+    process ... is not healthy"; static_batching's and continuous_batching's, answered through response
+    senders, are never answered by Triton 2.51's Python backend (here their clients give up after 5 s).
+    `-s` prints the times."""
+    serve = Serve(tmp_path, models=MODELS)
     try:
         serve.wait_ready()
-        old = serve.stub(MODEL)
-        with ThreadPoolExecutor(3) as pool:
-            held = [pool.submit(_attempt, serve.http, MODEL, 900, 6.0) for _ in range(2)]
-            time.sleep(0.5)
-            os.kill(old, signal.SIGKILL)
-            stop, other = threading.Event(), []
+        for model in MODELS:
+            old = serve.stub(model)
+            others = [m for m in MODELS if m not in (model, "static_batching")]
+            with ThreadPoolExecutor(4) as pool:
+                # NOTE: Triton fails dynamic_batching's within seconds (4.6 s seen); the others' clients
+                # give up after 5 s
+                give_up = 12.0 if model == "dynamic_batching" else 5.0
+                held = [pool.submit(_attempt, serve.http, model, 900, give_up) for _ in range(2)]
+                time.sleep(0.5)
+                killed = time.monotonic()
+                os.kill(old, signal.SIGKILL)
+                # NOTE: sent at once, it reaches the dead instance (the supervisor looks every 0.5 s and
+                # then unloads): Triton's check of the stub's health fails it (3-5 s seen)
+                probe = pool.submit(_attempt, serve.http, model, 4, 30.0)
+                stop, other = threading.Event(), []
 
-            def keep_asking_the_other_model() -> None:
-                while not stop.is_set():
-                    other.append(_attempt(serve.http, "dynamic_batching", 4, 30.0))
+                def keep_asking_the_others() -> None:
+                    while not stop.is_set():
+                        other.extend((m, *_attempt(serve.http, m, 4, 30.0)) for m in others)
 
-            watcher = pool.submit(keep_asking_the_other_model)
-            tries, deadline = [], time.monotonic() + 20
-            while time.monotonic() < deadline:
-                tries.append(_attempt(serve.http, MODEL, 4, 30.0))
-                if tries[-1][0] is None:
-                    break
-                time.sleep(0.2)
-            stop.set()
-            watcher.result(timeout=60)
-            held_ends = [f.result(timeout=30) for f in held]
-        assert tries[-1][0] is None, f"{MODEL} did not serve again within 20 s: {tries}"
-        # NOTE: a request that reached the dead instance before the supervisor unloaded it is failed by
-        # Triton's own check of the stub's health (seconds: 4.6 s seen); later ones are refused at once
-        assert all(seconds < 8.0 for _, seconds in tries), tries
-        assert other and all(said is None for said, _ in other), other
-        assert serve.stub(MODEL) != old
-        text = serve.text()
-        assert f"serve: {MODEL}: 1 of its 1 stub process(es) died" in text, text[-3000:]
-        assert f"serve: {MODEL}: reloaded, serving again" in text, text[-3000:]
-        assert all(said is not None for said, _ in held_ends), held_ends  # nothing answers them
+                watcher = pool.submit(keep_asking_the_others)
+                while f"serve: {model}: reloaded, serving again" not in serve.text():
+                    assert time.monotonic() < killed + 20, f"{model} not reloaded within 20 s: {serve.text()[-3000:]}"
+                    time.sleep(0.1)
+                reloaded = time.monotonic() - killed
+                again = _served(serve.http, model)
+                stop.set()
+                watcher.result(timeout=60)
+                refused, ends = probe.result(timeout=30), [f.result(timeout=30) for f in held]
+            print(f"{model}: a request to the dead stub failed in {refused[1]:.1f} s, serving again "
+                  f"{reloaded:.1f} s after the kill, held requests ended "
+                  f"{', '.join(f'{seconds:.1f} s' for _, seconds in ends)} after they were sent, "
+                  f"{len(other)} requests to the others")
+            assert refused[0] is not None and refused[1] < 8.0, (model, refused)
+            assert all(said is None for said, _ in again), (model, again)
+            assert other and all(said is None for _, said, _ in other), (model, other)
+            assert serve.stub(model) != old
+            assert f"serve: {model}: 1 of its 1 stub process(es) died" in serve.text()
+            if model == "dynamic_batching":
+                assert all(said is not None and "is not healthy" in said and seconds < 8.0
+                           for said, seconds in ends), ends
+            else:  # Triton's limit, which the docs state: nothing answers them
+                assert all(said is not None and "timed out" in said for said, _ in ends), (model, ends)
+        assert all(said is None for said, _ in _served(serve.http, "static_batching"))
+        signalled = time.monotonic()
+        serve.proc.send_signal(signal.SIGTERM)
+        serve.proc.wait(timeout=90)
+        stopped = time.monotonic() - signalled
+        print(f"stopped {stopped:.1f} s after SIGTERM")
+        # NOTE: the dead stubs' versions still hold their requests, so tritonserver waits out its exit
+        # timeout (3 s here); the drain itself does not wait for them
+        assert stopped < 15, serve.text()[-3000:]
     finally:
         serve.close()
     assert serve.proc.returncode == 0, serve.text()[-3000:]
