@@ -2,14 +2,14 @@
 
     batchlm-bench client-cost [--concurrency 1] [--num-requests 16] [--rounds 2] [--out results/client_cost]
 
-One tritonserver serves `continuous_batching` (the model that streams) alone. In each round the same seeded requests run closed loop once
-per way of asking, in turn (so a slow phase of the machine falls on every way alike): streamed over a
-gRPC stream, streamed as HTTP server-sent events (`/generate_stream`), and one answer per request over
-gRPC. Around each run it reads the CPU time of tritonserver and of its backend stubs from /proc, and
-its own (this process is the client) from getrusage. Prints, and writes to --out as `client_cost.md`,
-per run: output tok/s, client and tritonserver CPU per output token, the stubs' CPU seconds, and p50
-TTFT, inter-token gap and E2E. On a machine the client shares with the server, the client's CPU is
-taken from the engine.
+One tritonserver serves `continuous_batching` (the model that streams) alone. In each round the same
+seeded requests run closed loop once per way of asking, in turn (so a slow phase of the machine falls on
+every way alike): streamed over a gRPC stream, streamed as HTTP server-sent events (`/generate_stream`),
+and one answer per request over gRPC. Around each run it reads the CPU time of tritonserver and of its
+backend stubs from /proc, and its own (this process is the client) from getrusage. Prints, and writes to
+--out as `client_cost.md`, per run: output tok/s, client and tritonserver CPU per output token, the
+stubs' CPU seconds, and p50 TTFT, inter-token gap and E2E. On a machine the client shares with the
+server, the client's CPU is taken from the engine.
 """
 
 from __future__ import annotations

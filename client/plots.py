@@ -104,7 +104,8 @@ def sweep(rows: list[dict], path_name: str, title: str, path: Path) -> None:
     batch.set_ylim(bottom=0)
     lines = right.get_legend_handles_labels()
     more = batch.get_legend_handles_labels()
-    right.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
+    right.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper center",
+                 bbox_to_anchor=(0.5, -0.16), ncol=3)
     for ax in (left, right):
         ax.set_xticks(x, labels)
         ax.set_xlabel(path_name)

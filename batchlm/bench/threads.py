@@ -69,7 +69,8 @@ def main() -> None:
         return
     print("| case | output tok/s | ms/step | voluntary context switches |\n|---|---|---|---|")
     for case in CASES:
-        out = subprocess.run([sys.executable, "-m", "batchlm.bench.threads", "--case", case, "--num-requests", str(args.num_requests)],
+        out = subprocess.run([sys.executable, "-m", "batchlm.bench.threads", "--case", case,
+                              "--num-requests", str(args.num_requests)],
                              check=True, capture_output=True, text=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
         print(f"| {case} | {r['output_tokens_per_s']} | {r['ms_per_step']} | {r['voluntary_context_switches']} |")

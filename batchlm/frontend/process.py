@@ -16,7 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchlm.server.triton_server import TritonServer, _die_with_parent
+from batchlm.server.triton_server import TritonServer, die_with_parent
 
 
 @dataclass
@@ -44,11 +44,11 @@ class FrontendProcess:
         # NOTE: a session of its own, as the server's: a terminal's Ctrl-C reaches the serve command
         # only, which stops the frontend itself, first
         if self.log_path is None:
-            self.process = subprocess.Popen(self.command(), start_new_session=True, preexec_fn=_die_with_parent)
+            self.process = subprocess.Popen(self.command(), start_new_session=True, preexec_fn=die_with_parent)
         else:
             with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True, preexec_fn=_die_with_parent)
+                                                start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

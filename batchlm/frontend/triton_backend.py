@@ -86,7 +86,8 @@ class Piece:
     num_output_tokens: int | None
 
 
-def infer_inputs(info: ModelInfo, fields: Mapping[str, object], params: Mapping[str, str]) -> list[grpcclient.InferInput]:
+def infer_inputs(info: ModelInfo, fields: Mapping[str, object],
+                 params: Mapping[str, str]) -> list[grpcclient.InferInput]:
     """The request's input tensors, typed as the model declares them; ApiError 400 naming the parameter
     for a field the model has no input for, or an integer out of its type's range."""
     tensors = []

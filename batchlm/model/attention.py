@@ -5,7 +5,8 @@ On CPU, when the native kernel is built (batchlm.kernels), every query token att
 token exactly as it would alone (no padding, no grouping: see paged_attention.cpp). That makes greedy
 decoding independent of the batch even in bfloat16, and it skips the gathers the torch path needs.
 
-The torch path (other devices, or no kernel) uses SDPA. Two groups of sequences, handled differently because they cost differently:
+The torch path (other devices, or no kernel) uses SDPA. Two groups of sequences, handled differently
+because they cost differently:
 - single-token queries (decode, or a 1-token prefill chunk) attend in batched SDPAs over K/V gathered
   from their blocks, right-padded and masked. Padding to the longest context of the whole batch wastes
   most of the gather when lengths differ widely (64 sequences at 20..700 tokens), so the queries are

@@ -213,7 +213,7 @@ class TritonServer:
         with DeferredSignals():  # NOTE: a stop signal waits until the handle is kept, for stop() to use
             self.process = subprocess.Popen(
                 self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True, preexec_fn=die_with_parent,
             )
         try:
             self.wait_ready(timeout)
@@ -495,7 +495,7 @@ def exit_cleanly_on_sigterm() -> None:
         signal.signal(signum, _exit)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: the server gets SIGKILL if the process that started it dies."""
     try:
         import ctypes

@@ -6,7 +6,9 @@ stub it started; the teardown fails the run if any of them is still alive.
 
 from __future__ import annotations
 
+import csv
 import time
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +95,13 @@ def reload_from_repository(server, model: str) -> None:
     assert r.status_code == 200, r.text
     r = repository_api(server, model, "load")
     assert r.status_code == 200, r.text
+
+
+def csv_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def locust_events(prefix: Path) -> dict[str, dict]:
+    """`<Type> <Name>` -> row of a Locust run's stats CSV (`--csv prefix`), the Aggregated row left out."""
+    return {f"{r['Type']} {r['Name']}": r for r in csv_rows(Path(f"{prefix}_stats.csv")) if r["Type"]}

@@ -7,7 +7,6 @@ cap 32 tokens) so each run is seconds on a 2-core CPU.
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import shutil
@@ -23,7 +22,7 @@ import pytest
 
 from batchlm.paths import PROJECT_ROOT
 from batchlm.server.triton_server import TritonServer, free_port
-from tests.functional.conftest import is_alive
+from tests.functional.conftest import csv_rows, is_alive, locust_events
 
 LOCUST = str(Path(sys.executable).parent / "locust")
 GRPC_USER = "locustfiles/grpc_stream_user.py"
@@ -59,16 +58,6 @@ def _run(args: list[str], log: Path, timeout: float) -> int:
         _end(process)
 
 
-def _rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _event_rows(prefix: Path) -> dict[str, dict]:
-    """`<Type> <Name>` -> row of the stats CSV, the Aggregated row left out."""
-    return {f"{r['Type']} {r['Name']}": r for r in _rows(Path(f"{prefix}_stats.csv")) if r["Type"]}
-
-
 def _protocol(locustfile: str, extra: tuple[str, ...] = ()) -> str:
     """The first word of the users' event names."""
     if locustfile.startswith(GRPC_USER):
@@ -91,9 +80,9 @@ def test_headless_run_reports_ttft_and_e2e(server, tmp_path, locustfile, model, 
               tmp_path / "locust.log", timeout=90)
     log = (tmp_path / "locust.log").read_text()
     assert rc == 0, log[-3000:]
-    assert _rows(Path(f"{prefix}_failures.csv")) == []
+    assert csv_rows(Path(f"{prefix}_failures.csv")) == []
     protocol = _protocol(locustfile, extra)
-    rows = _event_rows(prefix)
+    rows = locust_events(prefix)
     assert set(rows) == {f"TTFT {protocol} {model}", f"E2E {protocol} {model}"}, rows
     # the Locust table from this run's CSV: one row per event, its request count as Locust wrote it
     table = subprocess.run([sys.executable, "-m", "batchlm.bench", "locust-table", f"{prefix}_stats.csv"],
@@ -188,10 +177,10 @@ def test_a_stream_that_breaks_is_a_failed_request(tmp_path, mode, message):
         broken.server_close()
     log = (tmp_path / "locust.log").read_text()
     assert rc == 1, log[-3000:]  # requests failed
-    failures = _rows(Path(f"{prefix}_failures.csv"))
+    failures = csv_rows(Path(f"{prefix}_failures.csv"))
     assert failures and all(r["Method"] == "E2E" and message in r["Error"] for r in failures), failures
-    assert _rows(Path(f"{prefix}_exceptions.csv")) == [], log[-3000:]
-    e2e = _event_rows(prefix)["E2E http continuous_batching"]
+    assert csv_rows(Path(f"{prefix}_exceptions.csv")) == [], log[-3000:]
+    e2e = locust_events(prefix)["E2E http continuous_batching"]
     assert int(e2e["Failure Count"]) == int(e2e["Request Count"]) > 0
 
 
@@ -256,11 +245,11 @@ def test_step_load_past_capacity_fails_with_tritons_message(small_server, tmp_pa
               tmp_path / "locust.log", timeout=90)
     log = (tmp_path / "locust.log").read_text()
     assert rc == 1, log[-3000:]  # Locust's exit code when requests failed
-    failures = _rows(Path(f"{prefix}_failures.csv"))
+    failures = csv_rows(Path(f"{prefix}_failures.csv"))
     assert failures, log[-3000:]
     for row in failures:  # every failure is a rejection carrying Triton's message: no timeouts, no others
         assert row["Method"] == "E2E" and row["Error"] == f"Overloaded({message!r})", row
-    e2e = _event_rows(prefix)[f"E2E {_protocol(locustfile, extra)} {model}"]
+    e2e = locust_events(prefix)[f"E2E {_protocol(locustfile, extra)} {model}"]
     assert int(e2e["Request Count"]) > int(e2e["Failure Count"]) > 0  # served up to capacity, then refused
 
 
@@ -289,7 +278,7 @@ def test_distributed_run_aggregates_two_workers(server, tmp_path):
     for i in range(2):  # each worker ran its share of the 4 users
         worker_log = (tmp_path / f"worker{i}.log").read_text()
         assert re.search(r"\b2 users spawned", worker_log), worker_log[-3000:]
-    rows = _event_rows(prefix)
+    rows = locust_events(prefix)
     assert set(rows) == {"TTFT grpc continuous_batching", "E2E grpc continuous_batching"}
     for row in rows.values():
         assert int(row["Request Count"]) > 0 and int(row["Failure Count"]) == 0, row

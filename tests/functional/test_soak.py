@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from batchlm.paths import PROJECT_ROOT
-from tests.functional.test_locust import _event_rows
+from tests.functional.conftest import locust_events
 
 PROTOCOLS = {"static_batching": "http", "dynamic_batching": "infer", "continuous_batching": "grpc"}
 
@@ -31,10 +31,10 @@ def test_a_minute_at_saturation_on_every_model_fails_nothing_and_leaks_nothing(s
     # each Locust user reported both events, with output tokens as their size; the streamed model's first
     # token came well before its last; and the Locust table reads the run's CSV
     for model, protocol in PROTOCOLS.items():
-        rows = _event_rows(out / model)
+        rows = locust_events(out / model)
         assert set(rows) == {f"TTFT {protocol} {model}", f"E2E {protocol} {model}"}, rows
         assert all(float(row["Average Content Size"]) > 0 for row in rows.values()), rows
-    streamed = _event_rows(out / "continuous_batching")
+    streamed = locust_events(out / "continuous_batching")
     assert float(streamed["TTFT grpc continuous_batching"]["Average Response Time"]) < \
         float(streamed["E2E grpc continuous_batching"]["Average Response Time"])
     table = subprocess.run([sys.executable, "-m", "batchlm.bench", "locust-table",

@@ -8,12 +8,12 @@ and streaming as from `continuous_batching`, and the same benchmark measures bot
 Per request, one worker thread: tokenize, send the ids to the engine (`TokenBackend.generate`), feed
 every id it returns through a `Sequence` (incremental detokenizing, stop strings, EOS, max_tokens) and
 send text as a `StreamBuffer` says. The engine streams its ids when the client streams or the request
-has stop strings (they are matched as the text grows); otherwise it answers once. When the text ends early (a stop string) or the client cancelled
-(a `CancellationWatcher` asks), the engine request is stopped by id (`TokenBackend.stop`) and its
-remaining responses are drained unread. `close()` stops every engine request and answers each client
-UNAVAILABLE that had no final response yet. A `BlsReaper`, when given, is released by the watcher's
-cancellation checks (see `batchlm.serving.trtllm.bls_reaper` for why the backend's finished BLS calls must
-wait there).
+has stop strings (they are matched as the text grows); otherwise it answers once. When the text ends
+early (a stop string) or the client cancelled (a `CancellationWatcher` asks), the engine request is
+stopped by id (`TokenBackend.stop`) and its remaining responses are drained unread. `close()` stops
+every engine request and answers each client UNAVAILABLE that had no final response yet. A `BlsReaper`,
+when given, is released by the watcher's cancellation checks (see `batchlm.serving.trtllm.bls_reaper`
+for why the backend's finished BLS calls must wait there).
 
 A request the engine streams, once begun, is answered every engine step. When the engine then sends
 nothing for `engine_silence_timeout_ms`, a sweep thread ends the request here: the client gets an
