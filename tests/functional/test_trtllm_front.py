@@ -51,8 +51,8 @@ def _server(repository: Path) -> TritonServer:
 def trt_server(tmp_path_factory):
     srv = _server(_repository(tmp_path_factory.mktemp("trtllm_repository")))
     # NOTE: after the two lost errors below the front may never finish unloading, and the stop waits out
-    # the exit timeout (docs/gpu.md): 5 s of it, not 15
-    srv.exit_timeout_s = 5
+    # the exit timeout (docs/gpu.md): 3 s of it, not 15
+    srv.exit_timeout_s = 3
     srv.start(timeout=300)
     yield srv
     tree = srv.descendants()
