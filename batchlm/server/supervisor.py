@@ -8,8 +8,10 @@ Two things end a Python model's ability to serve while tritonserver 2.51 still r
 - **its serving thread stops** (batchlm.serving: an engine or worker thread that cannot go on). The
   model fails every request at once and sets its `batchlm_serving_up` gauge to 0.
 
-`ModelSupervisor.check()` finds both: the stubs of each model (from /proc, against the count seen at
-start) and the gauge (from the metrics endpoint). Then, by `policy`:
+`ModelSupervisor.check()` finds both: the stubs of each model (from /proc, against the instances seen
+at start) and the gauge (from the metrics endpoint). For a dead stub it also reports the requests it
+held: its instance's last `batchlm_waiting_requests` and `batchlm_running_requests`, which outlive the
+stub in tritonserver until a new instance of the same name sets them. Then, by `policy`:
 - "reload": unload the model and load it again through the repository API (the serve command holds
   its key). The other models are not touched; the model is refused at once while it reloads and
   serves again once its new instance is ready. Requests a dead stub held stay unanswered until their
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
 POLICIES = ("reload", "exit")
 UP_GAUGE = "batchlm_serving_up"
+HELD_GAUGES = ("batchlm_waiting_requests", "batchlm_running_requests")
 # A model that fails again after this many reloads within the window is left failed (its failure is
 # then not transient, and reloading it for ever would only hide that).
 MAX_RELOADS_PER_WINDOW = 3
@@ -53,7 +56,7 @@ class ModelSupervisor:
     server: TritonServer
     policy: str = "reload"
     say: Callable[[str], None] = print
-    expected: Counter = field(default_factory=Counter, init=False)  # model -> stubs it runs when healthy
+    expected: dict[str, set[str]] = field(default_factory=dict, init=False)  # model -> its healthy instances
     reloads: Counter = field(default_factory=Counter, init=False)  # model -> reloads done
     _reload_times: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list), init=False, repr=False)
 
@@ -62,16 +65,22 @@ class ModelSupervisor:
             raise ValueError(f"on-stub-death: {self.policy!r} is not one of {list(POLICIES)}")
 
     def start(self) -> "ModelSupervisor":
-        """Take the stubs of the ready server as the healthy count."""
-        self.expected = Counter(self.server.stubs().values())
+        """Take the stubs of the ready server as the healthy ones."""
+        self.expected = self._instances()
         return self
 
     def failures(self) -> list[Failure]:
-        """Models whose stubs are fewer than at start, or whose serving thread says it stopped."""
-        alive = Counter(self.server.stubs().values())
-        found = {model: f"{self.expected[model] - alive[model]} of its {self.expected[model]} stub "
-                        "process(es) died" for model in self.expected if alive[model] < self.expected[model]}
-        for model in self._stopped_models():
+        """Models with an instance whose stub is gone, or whose serving thread says it stopped."""
+        alive = self._instances()
+        metrics = self._metrics()
+        found = {}
+        for model, instances in self.expected.items():
+            dead = instances - alive.get(model, set())
+            if dead:
+                held = sum(_gauge(metrics, name, instance) for name in HELD_GAUGES for instance in dead)
+                found[model] = (f"{len(dead)} of its {len(instances)} stub process(es) died, holding "
+                                f"{held:.0f} request(s)")
+        for model in _stopped_models(metrics):
             found.setdefault(model, "its serving thread stopped")
         return [Failure(model, reason) for model, reason in sorted(found.items())]
 
@@ -104,8 +113,8 @@ class ModelSupervisor:
             self.expected.pop(model, None)
             return
         self.reloads[model] += 1
-        self.expected[model] = Counter(self.server.stubs().values())[model]
-        self.say(f"{model}: reloaded, serving again ({self.expected[model]} stub process(es))")
+        self.expected[model] = self._instances().get(model, set())
+        self.say(f"{model}: reloaded, serving again ({len(self.expected[model])} stub process(es))")
 
     def _repository(self, path: str, timeout: float = 300.0) -> bytes:
         request = urllib.request.Request(f"http://{self.server.http_url}/v2/repository/{path}", data=b"{}",
@@ -113,15 +122,33 @@ class ModelSupervisor:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             return r.read()
 
-    def _stopped_models(self) -> list[str]:
-        """Models with a `batchlm_serving_up` series at 0, read from the metrics endpoint."""
+    def _instances(self) -> dict[str, set[str]]:
+        """model -> the instances whose stubs run now."""
+        found: dict[str, set[str]] = defaultdict(set)
+        for model, instance in self.server.stub_instances().values():
+            found[model].add(instance)
+        return dict(found)
+
+    def _metrics(self) -> list[str]:
+        """The lines of the metrics endpoint's `batchlm_` series; none when it cannot be read."""
         try:
             with urllib.request.urlopen(self.server.metrics_url, timeout=5) as r:
                 text = r.read().decode()
         except (urllib.error.URLError, OSError):
             return []
-        return sorted({_label(line, "model") for line in text.splitlines()
-                       if line.startswith(UP_GAUGE + "{") and float(line.rsplit(" ", 1)[1]) == 0.0})
+        return [line for line in text.splitlines() if line.startswith("batchlm_")]
+
+
+def _stopped_models(metrics: list[str]) -> list[str]:
+    """Models with a `batchlm_serving_up` series at 0."""
+    return sorted({_label(line, "model") for line in metrics
+                   if line.startswith(UP_GAUGE + "{") and float(line.rsplit(" ", 1)[1]) == 0.0})
+
+
+def _gauge(metrics: list[str], name: str, instance: str) -> float:
+    """The value of `name` for `instance`; 0 when it has no such series."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics
+               if line.startswith(name + "{") and _label(line, "instance") == instance)
 
 
 def _label(line: str, name: str) -> str:

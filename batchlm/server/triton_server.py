@@ -272,15 +272,22 @@ class TritonServer:
 
     def stubs(self) -> dict[int, str]:
         """Live Python backend stubs of this server: pid -> the model each serves."""
+        return {pid: model for pid, (model, _) in self.stub_instances().items()}
+
+    def stub_instances(self) -> dict[int, tuple[str, str]]:
+        """Live Python backend stubs of this server: pid -> (model, model instance) each serves."""
         found = {}
         for pid in self.descendants():
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
             except OSError:
                 continue
-            # NOTE: a stub's first argument is <repository>/<model>/<version>/model.py
+            # NOTE: a stub's arguments (tritonserver 2.51): <repository>/<model>/<version>/model.py, the
+            # shared-memory region, its default and growth sizes, the parent's pid, the backend's folder,
+            # the IPC handle, the instance's name ("<model>_0_0"), its device kind
             if argv[0].endswith("triton_python_backend_stub") and len(argv) > 1:
-                found[pid] = Path(argv[1]).parents[1].name
+                model = Path(argv[1]).parents[1].name
+                found[pid] = (model, argv[8] if len(argv) > 8 else model)
         return found
 
     def drain(self, timeout: float = 60.0) -> list[str]:

@@ -21,7 +21,7 @@ from batchlm.server.supervisor import ModelSupervisor
 from batchlm.server.triton_server import EXIT_MODEL_FAILED, free_port, process_tree
 from batchlm.serving.instance_claim import clear_claims
 from client.triton_llm import LLMClient, RequestFailed
-from tests.functional.conftest import is_alive, metric_reaches, repository_api
+from tests.functional.conftest import is_alive, metric_reaches, metric_value, repository_api
 
 MODEL = "continuous_batching"
 
@@ -33,6 +33,7 @@ class Serve:
         self.out = tmp_path / "serve.txt"
         self.ports = [free_port() for _ in range(3)]
         self.http = f"127.0.0.1:{self.ports[0]}"
+        self.metrics_url = f"http://127.0.0.1:{self.ports[2]}/metrics"
         command = [sys.executable, "scripts/serve.py", "--http-port", str(self.ports[0]),
                    "--grpc-port", str(self.ports[1]), "--metrics-port", str(self.ports[2]), "--no-frontend",
                    "--log", str(tmp_path / "server.log"), *options, "--", "--model-control-mode=explicit",
@@ -91,6 +92,12 @@ MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 BATCH = 8  # static_batching's batch_size: it answers nothing until this many requests are there
 
 
+def _holds(serve: Serve, model: str) -> int:
+    """The requests `model`'s instances hold, by their waiting and running gauges."""
+    return int(sum(metric_value(serve, name, model) or 0 for name in ("batchlm_waiting_requests",
+                                                                       "batchlm_running_requests")))
+
+
 def _served(http: str, model: str) -> list[tuple[str | None, float]]:
     """A short request answered in full; for static_batching, a full batch of them."""
     n = BATCH if model == "static_batching" else 1
@@ -100,9 +107,9 @@ def _served(http: str, model: str) -> list[tuple[str | None, float]]:
 
 def test_each_killed_stub_is_reloaded_while_the_others_serve_on(tmp_path):
     """kill -9 of each model's stub in turn, with two requests in it (parked in static_batching, running
-    in the others). The other models answer every request throughout; a request sent to the dead model
-    fails with a clear error within seconds; the supervisor reloads it and it serves again, with a new
-    stub, within 20 s. The requests the dead stub held: dynamic_batching's fail with Triton's "Stub
+    in the others); the supervisor names the model and the requests its stub held. The other models
+    answer every request throughout; a request sent to the dead model fails with a clear error within
+    seconds; the supervisor reloads it and it serves again, with a new stub, within 20 s. The requests the dead stub held: dynamic_batching's fail with Triton's "Stub
     process ... is not healthy"; static_batching's and continuous_batching's, answered through response
     senders, are never answered by Triton 2.51's Python backend (here their clients give up after 5 s).
     `-s` prints the times."""
@@ -117,7 +124,10 @@ def test_each_killed_stub_is_reloaded_while_the_others_serve_on(tmp_path):
                 # give up after 5 s
                 give_up = 12.0 if model == "dynamic_batching" else 5.0
                 held = [pool.submit(_attempt, serve.http, model, 900, give_up) for _ in range(2)]
-                time.sleep(0.5)
+                deadline = time.monotonic() + 10
+                while (holds := _holds(serve, model)) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert holds >= 1, (model, holds)
                 killed = time.monotonic()
                 os.kill(old, signal.SIGKILL)
                 # NOTE: sent at once, it reaches the dead instance (the supervisor looks every 0.5 s and
@@ -138,15 +148,15 @@ def test_each_killed_stub_is_reloaded_while_the_others_serve_on(tmp_path):
                 stop.set()
                 watcher.result(timeout=60)
                 refused, ends = probe.result(timeout=30), [f.result(timeout=30) for f in held]
-            print(f"{model}: a request to the dead stub failed in {refused[1]:.1f} s, serving again "
-                  f"{reloaded:.1f} s after the kill, held requests ended "
+            print(f"{model}: {holds} requests held, a request to the dead stub failed in {refused[1]:.1f} s, "
+                  f"serving again {reloaded:.1f} s after the kill, held requests ended "
                   f"{', '.join(f'{seconds:.1f} s' for _, seconds in ends)} after they were sent, "
                   f"{len(other)} requests to the others")
             assert refused[0] is not None and refused[1] < 8.0, (model, refused)
             assert all(said is None for said, _ in again), (model, again)
             assert other and all(said is None for _, said, _ in other), (model, other)
             assert serve.stub(model) != old
-            assert f"serve: {model}: 1 of its 1 stub process(es) died" in serve.text()
+            assert f"serve: {model}: 1 of its 1 stub process(es) died, holding {holds} request(s)" in serve.text()
             if model == "dynamic_batching":
                 assert all(said is not None and "is not healthy" in said and seconds < 8.0
                            for said, seconds in ends), ends
