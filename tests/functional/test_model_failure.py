@@ -109,9 +109,10 @@ def test_each_killed_stub_is_reloaded_while_the_others_serve_on(tmp_path):
     """kill -9 of each model's stub in turn, with two requests in it (parked in static_batching, running
     in the others); the supervisor names the model and the requests its stub held. The other models
     answer every request throughout; a request sent to the dead model fails with a clear error within
-    seconds; the supervisor reloads it and it serves again, with a new stub, within 20 s. The requests the dead stub held: dynamic_batching's fail with Triton's "Stub
-    process ... is not healthy"; static_batching's and continuous_batching's, answered through response
-    senders, are never answered by Triton 2.51's Python backend (here their clients give up after 5 s).
+    seconds; the supervisor reloads it and it serves again, with a new stub, within 20 s. The requests
+    the dead stub held: dynamic_batching's fail with Triton's "Stub process ... is not healthy";
+    static_batching's and continuous_batching's, answered through response senders, are never answered
+    by Triton 2.51's Python backend (here their clients give up after 5 s).
     `-s` prints the times."""
     serve = Serve(tmp_path, models=MODELS)
     try:
