@@ -89,10 +89,10 @@ def why_build(engine_dir: Path, plan: dict, trtllm_version: str | None) -> str |
     """Why the engine in `engine_dir` must be built (again), or None where it was built to `plan` (what
     `build_trtllm_engine.py --dry-run` prints now: limits from the shipped configs, the checkpoint's
     digest, dtype, parallel sizes, both steps' flags, the GPUs' compute capability; folders are not
-    compared) with `trtllm_version` (None: not known, not
-    compared). Before, any engine found was served: after a change of `max_model_len` or
-    `max_batch_size` the front admitted prompts the engine refused, after new weights the engine served
-    the old ones, and after a TensorRT-LLM upgrade the old engine failed to load."""
+    compared) with `trtllm_version` (None: not known, not compared). Were any engine found served,
+    after a change of `max_model_len` or `max_batch_size` the front would admit prompts the engine
+    refuses, after new weights the engine would serve the old ones, and after a TensorRT-LLM upgrade
+    the old engine would fail to load."""
     missing = [f for f in (*ENGINE_FILES, PLAN_FILE) if not (engine_dir / f).is_file()]
     if missing:
         return f"{engine_dir} has no {', '.join(missing)}"

@@ -104,7 +104,7 @@ def linear_flops(config, tokens: int, seqs: int) -> int:
     """FLOPs of the linears in one forward of `tokens` rows from `seqs` sequences: every token through
     the layers' qkv projection, the last layer's o_proj and MLP and lm_head only for each sequence's
     last token (LlamaForCausalLM.forward), every other layer's o_proj and MLP for every token."""
-    D, I, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    D, I, hd = config.hidden_size, config.intermediate_size, config.head_dim  # noqa: E741 (the usual names)
     qkv = D * (config.num_heads + 2 * config.num_kv_heads) * hd
     rest = config.num_heads * hd * D + D * 2 * I + I * D
     layers = config.num_layers * qkv * tokens + (config.num_layers - 1) * rest * tokens + rest * seqs

@@ -465,7 +465,7 @@ def run_ct2(requests: list[PeerRequest], args: argparse.Namespace) -> dict:
         return False  # never stops a row: the group runs to its longest request
 
     def generate(group: list[PeerRequest], callback=None) -> list[list[int]]:
-        results = generator.generate_batch(
+        results = generator.generate_batch(  # noqa: F821 (bound above; deleted only after the last call)
             [[vocabulary[t] for t in r.prompt_ids] for r in group], max_length=max(r.max_tokens for r in group),
             include_prompt_in_result=False, end_token=[], return_end_token=True, sampling_topk=1, beam_size=1,
             callback=callback)

@@ -4,12 +4,15 @@ Every error the frontend answers has the body `{"error": {"message", "type", "pa
 
 | status | when | type | code |
 |---|---|---|---|
-| 400 | bad input; `param` names the OpenAI parameter (also for a model's own INVALID_ARG, whose message starts with the schema field) | `invalid_request_error` | `invalid_value` |
+| 400 | bad input; `param` names the OpenAI parameter (1) | `invalid_request_error` | `invalid_value` |
 | 404 | a model that is not served | `invalid_request_error` | `model_not_found` |
-| 429 | the model is overloaded ("is overloaded"; dynamic_batching's "Exceeds maximum queue size") | `rate_limit_error` | `overloaded` |
+| 429 | the model is overloaded (2) | `rate_limit_error` | `overloaded` |
 | 503 | the model is not ready, unloading or unloaded; Triton unreachable | `service_unavailable` | `model_not_ready` |
 | 504 | the frontend's `--request-timeout` passed | `server_error` | `timeout` |
 | 500 | anything else (a failed engine step) | `server_error` | `internal_error` |
+
+(1) Also for a model's own INVALID_ARG, whose message starts with the schema field.
+(2) The message says "is overloaded", or dynamic_batching's "Exceeds maximum queue size".
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def random_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     the current token's own row led them: greedy repeated one or two tokens for ever.)
     """
     g = torch.Generator().manual_seed(seed)
-    D, hd, I = config.hidden_size, config.head_dim, config.intermediate_size
+    D, hd, I = config.hidden_size, config.head_dim, config.intermediate_size  # noqa: E741 (the usual names)
     H, KVH, V = config.num_heads, config.num_kv_heads, config.vocab_size
 
     def normal(rows: int, cols: int, std: float) -> torch.Tensor:

@@ -122,8 +122,8 @@ class ModelConfig:
 
 def _with_rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
     """`raw` with newer transformers' `rope_parameters` (`{"rope_type", "rope_theta", "factor", ...}`)
-    read into the `rope_theta` and `rope_scaling` keys this module reads; unchanged without it. Before,
-    such a config loaded with theta 10000 and no scaling, in silence."""
+    read into the `rope_theta` and `rope_scaling` keys this module reads; unchanged without it. Without
+    this, such a config would load with theta 10000 and no scaling, in silence."""
     params = raw.get("rope_parameters")
     if params is None:
         return raw

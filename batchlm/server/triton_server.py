@@ -46,8 +46,8 @@ class TritonInstall:
     @classmethod
     def find(cls) -> "TritonInstall":
         """$TRITON_HOME, then a `tritonserver` on PATH (NGC), then the project's extracted `.triton/`: the
-        order `scripts/setup.sh` looks in. (Before, `.triton/` came before PATH, so a checkout set up
-        outside an NGC container served that extracted 2.51 inside it.)"""
+        order `scripts/setup.sh` looks in. (With `.triton/` before PATH, a checkout set up outside an NGC
+        container would serve that extracted 2.51 inside it.)"""
         home = os.environ.get("TRITON_HOME")
         on_path = shutil.which("tritonserver")
         if not home and on_path and (NGC_BACKENDS / "python").is_dir():  # NOTE: as setup.sh checks
@@ -75,8 +75,8 @@ _HANDED_OUT: set[int] = set()  # ports free_port() returned in this process
 def free_port() -> int:
     """A TCP port that is free on loopback right now, and not one this process was given before.
 
-    The kernel may hand out the port it just freed again: two calls in a row once gave one server the
-    same HTTP and metrics port, and tritonserver refused to start."""
+    The kernel may hand out the port it just freed again: two calls in a row could give one server the
+    same HTTP and metrics port, and tritonserver would refuse to start."""
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

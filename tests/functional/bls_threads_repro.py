@@ -157,7 +157,8 @@ def main() -> int:
                     help="after each call, one is_cancelled() round trip before Python lets go of its iterator")
     ap.add_argument("--fail-at", type=int, default=-1,
                     help="the callee answers an error (final) instead of its response number K (0-based)")
-    ap.add_argument("--work", type=Path, help="an empty folder for the repository and the log (default: a new temp one)")
+    ap.add_argument("--work", type=Path,
+                    help="an empty folder for the repository and the log (default: a new temp one)")
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args()
 

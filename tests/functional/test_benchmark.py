@@ -179,14 +179,15 @@ def test_cli_without_a_server_says_so_in_one_line(capsys, command):
 @pytest.mark.parametrize("model", ["continuous_batching", "dynamic_batching"])
 def test_cli_and_benchmark_say_so_when_only_grpc_is_unreachable(server, capsys, tmp_path, model):
     """The HTTP address answers and nothing listens on the gRPC one: one line, status 2, as when no
-    server answers at all. Before, a stream raised tritonclient's
-    "stream is no longer in valid state" as a traceback, and the benchmark ran and failed every request."""
+    server answers at all, not tritonclient's "stream is no longer in valid state" as a traceback from
+    a stream, nor a benchmark that runs and fails every request."""
     nowhere = f"127.0.0.1:{free_port()}"
     code = cli_main(["--http", server.http_url, "--grpc", nowhere, "generate", model, "hi", "--protocol", "grpc"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: cannot reach the server") and "refused" in err, err
     assert len(err.strip().splitlines()) == 1
-    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "run", model, "--concurrency", "2", "--num-requests", "2",
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "run", model, "--concurrency", "2",
+                           "--num-requests", "2",
                            "--http", server.http_url, "--grpc", nowhere, "--metrics", server.metrics_url,
                            "--protocol", "grpc", "--out", str(tmp_path)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
@@ -197,8 +198,8 @@ def test_cli_and_benchmark_say_so_when_only_grpc_is_unreachable(server, capsys, 
 @pytest.mark.parametrize("model", ["continuous_batching", "dynamic_batching"])
 def test_cli_asks_over_grpc_with_nothing_on_the_http_address(server, capsys, model):
     """A gRPC request reads the model's config over gRPC, so the gRPC port alone is enough (and the
-    client holds no HTTP connection open, which would keep a SIGTERM waiting). Before, the config came
-    over HTTP, and this failed with "cannot reach the server"."""
+    client holds no HTTP connection open, which would keep a SIGTERM waiting). A config read over HTTP
+    would make this fail with "cannot reach the server"."""
     nowhere = f"127.0.0.1:{free_port()}"
     code = cli_main(["--http", nowhere, "--grpc", server.grpc_url, "generate", model, "Hello", "--max-tokens", "5",
                      "--ignore-eos", "--protocol", "grpc"])
@@ -298,7 +299,8 @@ def test_sigterm_to_a_benchmark_that_started_its_server_leaves_no_process(tmp_pa
 def test_stream_interval_sweep_writes_its_table(tmp_path):
     """`batchlm-bench stream-interval`: one server per run, a row per interval and the unstreamed reference,
     and a response per 3 tokens at interval 3 (the first text at once, and the final one)."""
-    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "stream-interval", "--intervals", "3", "--rounds", "1",
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "stream-interval", "--intervals", "3",
+                           "--rounds", "1",
                            "--num-requests", "8", "--concurrency", "4", "--out", str(tmp_path)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -399,8 +401,8 @@ def test_two_instances_run_two_batches_at_once_and_their_metrics_add_up(tmp_path
     (["--prompt-tokens-min", "0"], "--prompt-tokens-min must be >= 1"),
 ])
 def test_benchmark_refuses_bad_overrides_and_workloads_before_anything_starts(tmp_path, extra, said):
-    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "run", "dynamic_batching", "--out", str(tmp_path), *extra],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "run", "dynamic_batching", "--out", str(tmp_path),
+                           *extra], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
 
@@ -431,7 +433,8 @@ def test_benchmark_says_in_one_line_why_triton_refused_an_override(tmp_path):
     (["--vary", "instance_group.1.count=2"], "--vary instance_group.1: instance_group has entries 0 to 0"),
 ])
 def test_sweep_refuses_what_would_fail_before_any_run(tmp_path, extra, said):
-    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "sweep", "dynamic_batching", "--out", str(tmp_path / "s"),
-                           *extra], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "sweep", "dynamic_batching",
+                           "--out", str(tmp_path / "s"), *extra],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "s").exists()

@@ -200,8 +200,8 @@ def test_unload_drains_streams_in_flight(server):
 
 def test_overload_refuses_beyond_max_waiting_however_the_engine_thread_is_timed(server):
     """With one sequence slot held by a long request, `max_waiting` 4 admits exactly 4 of a burst of 24
-    and refuses 20. Before, requests the engine thread had just taken from the inbox were counted
-    nowhere until its next step ended, so a burst arriving during steps got far more than 4 in."""
+    and refuses 20. Were requests the engine thread has just taken from the inbox counted nowhere
+    until its next step ends, a burst arriving during steps would get far more than 4 in."""
     config = requests.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
     config["parameters"]["max_num_seqs"] = {"string_value": "1"}
     config["parameters"]["max_waiting"] = {"string_value": "4"}

@@ -161,9 +161,9 @@ class _BrokenStream(BaseHTTPRequestHandler):
     ("truncated", "[stream] ended after 1 tokens without its final response"),
 ])
 def test_a_stream_that_breaks_is_a_failed_request(tmp_path, mode, message):
-    """A stream that cannot be read to its end is an E2E failure with its reason. Before, a malformed
-    event raised out of the user's task (Locust counted an exception, no E2E event and no failure wait),
-    and a stream cut before its final response counted as a success."""
+    """A stream that cannot be read to its end is an E2E failure with its reason: a malformed event does
+    not raise out of the user's task (which Locust would count as an exception, with no E2E event and
+    no failure wait), and a stream cut before its final response does not count as a success."""
     _BrokenStream.mode = mode
     broken = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenStream)
     threading.Thread(target=broken.serve_forever, daemon=True).start()

@@ -82,7 +82,7 @@ def _ask(server, model, i):
 
 def test_parked_requests_whose_clients_cancelled_leave_the_waiting_gauge(server):
     """static_batching closes parked requests whose clients cancelled (CANCELLED) and then reads 0
-    waiting. Before, the gauge kept the count from before the drop until the next request came: with
+    waiting, rather than keeping the count from before the drop until the next request comes: with
     nothing parked the watchdog pushes nothing."""
     model = "static_batching"
     metadata = LLMClient(server.http_url, server.grpc_url)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ({"text_input": "hi", "max_tokens": 4, "top_p": 2.0}, "top_p"),
     ({"text_input": "hi", "max_tokens": 4, "top_k": -1}, "top_k"),
     ({"text_input": "hi", "max_tokens": 100000}, "max_tokens"),
-    # a field that matches no input arrives as a request parameter; before, it was dropped in silence
+    # a field that matches no input arrives as a request parameter, and is refused, not dropped in silence
     ({"text_input": "hi", "max_tokens": 4, "temprature": 0.7}, "temprature: unknown field"),
     ({"text_input": "hi", "max_tokens": 4, "stop": ["x"] * 17}, "stop: at most 16 stop strings"),
     ({"text_input": "hi", "max_tokens": 4, "timeout": -5}, "timeout: must be an integer >= 0"),
@@ -98,7 +98,8 @@ def test_greedy_text_is_the_same_everywhere(server, engine):
 
 
 # The code each protocol carries for INVALID_ARG: /generate answers every model error with 400, and a
-# gRPC stream (how the decoupled model answers over gRPC) carries the message alone (docs/operations.md, "Status codes, per endpoint")
+# gRPC stream (how the decoupled model answers over gRPC) carries the message alone (docs/operations.md,
+# "Status codes, per endpoint")
 INVALID_ARG = {"http": "400", "infer": "400", "grpc": "StatusCode.INVALID_ARGUMENT", "grpc stream": "grpc"}
 BAD_OPTIONS = [("max_tokens", 0, {}), ("temperature", 4, {"temperature": -1.0}), ("top_p", 4, {"top_p": 2.0})]
 

@@ -47,7 +47,7 @@ def test_nth_request_releases_the_batch(server):
     with ThreadPoolExecutor(BATCH) as pool:
         first = [pool.submit(_send_and_count, server, i, lengths[i]) for i in range(BATCH - 1)]
         # The gauge reads every parked request within a watchdog interval of the last one parked
-        # (before: the first of a burst, until the next record)
+        # (not just the first of a burst, until the next record)
         assert metric_reaches(server, "batchlm_waiting_requests", "static_batching", BATCH - 1, timeout=60) == BATCH - 1
         assert not any(f.done() for f in first), "a request finished before the batch was full"
         last = pool.submit(_send_and_count, server, BATCH - 1, lengths[-1])
@@ -60,7 +60,7 @@ def test_nth_request_releases_the_batch(server):
     after = metric_value(server, "batchlm_generated_tokens_total", "static_batching")
     assert [counted for _, counted in results] == [after] * BATCH
     assert after - before >= sum(lengths)
-    # The gauges were pushed before the answers: nothing runs now (they read 8 until the next request before)
+    # The gauges were pushed before the answers: they read nothing running now, not 8 until the next request
     for name in ("batchlm_running_requests", "batchlm_waiting_requests", "batchlm_kv_blocks_used"):
         assert metric_value(server, name, "static_batching") == 0, name
 
@@ -91,10 +91,10 @@ def test_unload_fails_parked_requests_with_unavailable(server):
 
 def test_an_unload_right_after_the_first_requests_park_fails_them(server):
     """A fresh instance whose first requests are parked and then, within the watchdog's interval, the
-    model is unloaded: the parked requests get UNAVAILABLE and the unload ends. Before, the watchdog
-    counted a not-ready model only after one of its checks had seen it ready, and it checks only while
-    requests are parked, so these requests stayed parked and the unload never ended (their clients
-    gave up after 30 s)."""
+    model is unloaded: the parked requests get UNAVAILABLE and the unload ends. A watchdog that counted
+    a not-ready model only after one of its checks had seen it ready would, as it checks only while
+    requests are parked, leave these requests parked and the unload never ending (their clients give
+    up after 30 s)."""
     _load(server)  # a reload: a new instance, whose watchdog has made no check yet
     executions = _executions(server)
     try:
@@ -190,9 +190,9 @@ def _reload_from_repository(server) -> None:
 
 
 def test_sigterm_right_after_load_exits_cleanly(tmp_path):
-    """The watchdog's readiness checks are calls to the server. One that overlapped the instance's
-    finalize made tritonserver abort (SIGABRT, boost lock_exception) whenever the server was stopped
-    within 0.5 s of loading static_batching; it now asks nothing while no request is parked."""
+    """The watchdog's readiness checks are calls to the server. One that overlaps the instance's
+    finalize makes tritonserver abort (SIGABRT, boost lock_exception) whenever the server is stopped
+    within 0.5 s of loading static_batching, so the watchdog asks nothing while no request is parked."""
     log = tmp_path / "server.log"
     srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
                        extra_args=("--model-control-mode=explicit", "--load-model=static_batching"))
@@ -289,16 +289,17 @@ def _failure(future) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("model, path, value, said", [
-    ("static_batching", ("parameters", "batch_size", "string_value"), "16", "batch_size: 16 rows exceed max_num_seqs=8"),
+    ("static_batching", ("parameters", "batch_size", "string_value"), "16",
+     "batch_size: 16 rows exceed max_num_seqs=8"),
     ("dynamic_batching", ("max_batch_size",), 16, "max_batch_size: 16 rows exceed max_num_seqs=8"),
     ("static_batching", ("parameters", "max_waiting", "string_value"), "4", "max_waiting: 4 is below batch_size=8"),
 ])
 def test_a_config_that_could_not_run_is_refused_at_load(server, model, path, value, said):
     """16 rows of up to 1024 tokens do not fit 8 sequence slots and 512 KV blocks, and with fewer
     requests allowed to wait than a batch holds no batch could fill: the load fails naming the key, and
-    the model loaded before keeps serving with its config. Before, such a config loaded; then every full
-    batch failed as a whole (INVALID_ARG "batch: 16 rows exceed max_num_seqs=8" to all 16 clients), or
-    max_waiting requests parked for ever and the rest were refused."""
+    the model loaded before keeps serving with its config. Loaded, such a config would fail every full
+    batch as a whole (INVALID_ARG "batch: 16 rows exceed max_num_seqs=8" to all 16 clients), or park
+    max_waiting requests for ever and refuse the rest."""
     url = f"http://{server.http_url}/v2/models/{model}/config"
     original = requests.get(url, timeout=30).json()
     config = json.loads(json.dumps(original))

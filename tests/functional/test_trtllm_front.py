@@ -176,7 +176,7 @@ def test_requests_beyond_max_in_flight_are_refused_unavailable(trt_server, llm):
     """With `max_in_flight` requests held, one more is refused at once over either transport, naming the
     overload, and the held ones are answered in full. The held ones are not streamed, so nothing is
     recorded while they run: the in-flight gauge reads them all only because the silence sweep pushes it
-    (before, it read the burst's first until one of them ended)."""
+    (without it, the gauge would read the burst's first until one of them ended)."""
     def held(i):
         client = LLMClient(trt_server.http_url, trt_server.grpc_url, timeout=120)
         try:

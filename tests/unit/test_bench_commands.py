@@ -16,7 +16,8 @@ from tests.unit.test_model import auto_linear_backend
 
 
 def run(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", *args], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 
@@ -61,8 +62,8 @@ def test_kernel_outputs_are_the_same_bits_run_to_run_and_a_changed_bit_is_found(
 
 
 def test_stop_cost_prints_a_time_per_token_for_each_list_length():
-    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "stop-cost", "--counts", "0,16,2000", "--tokens", "20"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "stop-cost", "--counts", "0,16,2000",
+                           "--tokens", "20"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     times = {int(line.split()[0]): float(line.split(": ")[1].split()[0])
              for line in proc.stdout.splitlines() if "stop strings:" in line}
@@ -111,8 +112,8 @@ def test_engine_ratios_keeps_the_continuous_engines_full_between_request_level_b
     """`batchlm-bench ratios`: every strategy timed, the continuous engines saturated in every step."""
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "ratios", "--num-requests", "16", "--same-kv-seqs", "12"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "ratios", "--num-requests", "16",
+                           "--same-kv-seqs", "12"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {row.split("|")[1].strip(): [cell.strip() for cell in row.split("|")[2:-1]]
             for row in proc.stdout.splitlines() if row.startswith("| ") and "strategy" not in row}

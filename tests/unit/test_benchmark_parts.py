@@ -317,23 +317,23 @@ def test_compare_runs_through_either_door(monkeypatch, tmp_path):
                              "closed loop at 4 in flight never fills one"),
 ])
 def test_compare_refuses_counts_static_batching_cannot_answer_before_it_measures(tmp_path, args, said):
-    # Before, the benchmark refused the run only on reaching static batching, after the other strategies'
-    # runs (most of an hour), and --report-only then had no comparison.json to rebuild from.
+    # Refusing the run only on reaching static batching would come after the other strategies' runs
+    # (most of an hour), and --report-only would then have no comparison.json to rebuild from.
     import subprocess
     import sys
 
     from batchlm.paths import PROJECT_ROOT
 
     out = tmp_path / "compare"
-    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "compare", *args, "--out", str(out)], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "compare", *args, "--out", str(out)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {said}"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_the_report_says_what_it_could_not_measure_instead_of_crashing():
-    # Before, seed_table raised TypeError on a run without metrics samples or without a successful
-    # request, and targets ZeroDivisionError where every static request had failed.
+    # seed_table must not raise TypeError on a run without metrics samples or without a successful
+    # request, nor targets ZeroDivisionError where every static request has failed.
     from client.comparison import STRATEGIES, seed_table, targets
 
     def doc(tokens, p50, timeline):

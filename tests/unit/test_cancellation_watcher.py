@@ -58,7 +58,7 @@ def test_reports_each_cancelled_request_once():
 
 def test_asks_at_most_once_per_period():
     """Checked on the gaps between asks, not on a count in a fixed time, which a loaded machine that
-    starves the watcher's thread would make fail (before: 3 to 5 asks in a 1 s sleep)."""
+    starves the watcher's thread would make fail (such as 3 to 5 asks in a 1 s sleep)."""
     watcher = CancellationWatcher(0.2, lambda ids: None)
     try:
         s = Sender()

@@ -235,8 +235,8 @@ def test_in_process_baseline_reads_saturation_up_to_the_last_admission(parts):
 
 
 def test_a_max_model_len_beyond_the_rope_table_is_refused_when_the_engine_is_built(parts):
-    # Before, it was accepted, and a sequence that reached position max_position_embeddings (2048 here)
-    # failed its step with IndexError, and with it every sequence in flight.
+    # Were it accepted, a sequence that reached position max_position_embeddings (2048 here) would fail
+    # its step with IndexError, and with it every sequence in flight.
     with pytest.raises(InvalidArgument, match="^max_model_len: 4096 is beyond the model's max_position_embeddings"):
         make_engine(parts, max_model_len=4096, num_kv_blocks=512)
     with pytest.raises(InvalidArgument, match="^max_model_len"):

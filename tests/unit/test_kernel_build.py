@@ -52,8 +52,8 @@ def test_the_loops_over_the_exp_vectorize():
 
 def test_a_missing_library_is_said_not_silent(tmp_path):
     """Without a library built for this source, torch and CPU (another machine's build, say, in an
-    image), the engine takes the torch path: slower, and its results depend on the batch. Before, it
-    did so without a word."""
+    image), the engine takes the torch path: slower, and its results depend on the batch. It says so,
+    rather than doing so without a word."""
     import sys
 
     code = ("import logging, pathlib, sys; from batchlm import kernels; "

@@ -79,7 +79,7 @@ def test_llama3_rope_scaling_is_accepted():
 
 
 def test_newer_transformers_rope_parameters_are_read():
-    # Before, a config with only rope_parameters loaded with theta 10000 and no scaling, in silence.
+    # A config with only rope_parameters must not load with theta 10000 and no scaling, in silence.
     scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
     plain = {k: v for k, v in LLAMA.items() if k != "rope_theta"}

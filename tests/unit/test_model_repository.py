@@ -91,7 +91,7 @@ def test_a_request_level_batch_must_fit_the_kv_pool_and_max_num_seqs():
     static, dynamic = (ServingConfig.from_parameters(params(load(n))) for n in MODELS[:2])
     check_batch_fits(static.engine, static.batch_size, "batch_size")
     check_batch_fits(dynamic.engine, load("dynamic_batching").max_batch_size, "max_batch_size")
-    # Before, these loaded, and then every full batch failed as a whole.
+    # Loaded, these would fail every full batch as a whole.
     with pytest.raises(ValueError, match=r"^batch_size: 16 rows exceed max_num_seqs=8"):
         check_batch_fits(static.engine, 16, "batch_size")
     wide = EngineConfig(max_num_seqs=16)

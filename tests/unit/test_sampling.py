@@ -101,8 +101,8 @@ def test_same_seed_same_samples_whatever_shares_the_batch():
 
 @pytest.mark.parametrize("temperature", [1e-30, 1e-38, 1e-45, 1e-300])
 def test_a_tiny_temperature_samples_the_greedy_token(temperature):
-    # Before, logits / temperature overflowed to inf (or divided by a temperature that is 0 in float32),
-    # softmax gave NaN, and every row sampled the last id of the vocabulary.
+    # This guards against logits / temperature overflowing to inf (or dividing by a temperature that is 0
+    # in float32): softmax would give NaN, and every row would sample the last id of the vocabulary.
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 3
     params = [SamplingParams(temperature=temperature, seed=i) for i in range(4)]
     picked = Sampler().sample(logits, params, [make_generator(p.seed) for p in params])

@@ -203,7 +203,7 @@ def test_preempted_sequence_is_recomputed_with_its_output():
     a, b = make_seq(prompt_len=8, max_tokens=12), make_seq(prompt_len=8, max_tokens=12)
     sched.add(a)
     sched.add(b)
-    while not b.status is SequenceStatus.WAITING or b.num_output_tokens == 0:
+    while b.status is not SequenceStatus.WAITING or b.num_output_tokens == 0:
         step(sched)
     assert b.num_computed_tokens == 0 and b.block_table == [] and sched.waiting[0] is b
     outputs = run_to_completion(sched)

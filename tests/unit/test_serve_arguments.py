@@ -85,8 +85,8 @@ def _fake_triton(base):
 
 
 def test_tritonserver_is_looked_for_as_setup_does_home_then_path_then_the_extracted_one(tmp_path, monkeypatch):
-    """$TRITON_HOME, then NGC's on PATH, then .triton/ (before, .triton/ came before PATH: a checkout set
-    up outside an NGC container served the extracted 2.51 inside it)."""
+    """$TRITON_HOME, then NGC's on PATH, then .triton/ (with .triton/ before PATH, a checkout set up
+    outside an NGC container would serve the extracted 2.51 inside it)."""
     ngc = _fake_triton(tmp_path / "ngc")
     monkeypatch.setattr(triton_server, "NGC_BACKENDS", ngc / "backends")
     monkeypatch.setenv("PATH", f"{ngc / 'bin'}:{os.environ['PATH']}")

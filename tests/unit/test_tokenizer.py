@@ -88,8 +88,8 @@ def test_invalid_bytes_are_not_held_forever(tok):
 
 @pytest.mark.parametrize("before", [b"\x80", b"\x80\x80\x80", b"\xc3"])
 def test_a_character_split_after_invalid_bytes_comes_out_whole(tok, before):
-    # Before, the invalid bytes counted toward the held tokens: the split emoji went out as U+FFFD when
-    # its third byte came, and its last byte then added no text, so the emoji was lost: "\ufffd\ufffdx".
+    # Were the invalid bytes counted toward the held tokens, the split emoji would go out as U+FFFD when
+    # its third byte came, and its last byte would then add no text, so the emoji would be lost: "\ufffd\ufffdx".
     ids = byte_token_ids(tok, before + "😀".encode()) + tok.encode("x")[1:]
     detok = IncrementalDetokenizer(tok, [tok.bos_token_id])
     pieces = [detok.add(i) for i in ids] + [detok.flush()]

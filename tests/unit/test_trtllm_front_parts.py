@@ -51,8 +51,8 @@ def test_sampled_request_tensors_and_ignore_eos():
 
 
 def test_an_unseeded_sampled_request_gets_a_fresh_seed_and_a_greedy_one_none():
-    # The engine starts every request without random_seed from seed 0: the same prompt would sample the
-    # same text every time (before, no random_seed was sent)
+    # The engine starts every request without random_seed from seed 0: with no random_seed sent, the
+    # same prompt would sample the same text every time
     sampled = SamplingParams(max_tokens=4, temperature=0.8)
     seeds = {int(trtllm_protocol.request_inputs([3], sampled, False, 2, 0)["random_seed"][0, 0]) for _ in range(8)}
     assert len(seeds) == 8
@@ -99,8 +99,8 @@ def test_the_front_knows_when_the_engine_ends_a_request_by_itself():
     assert ends([4, 2], params, end)  # its end_id
     assert ends([4, 5, 6, 7, 8], params, end)  # max_tokens
     # The front's text ended at the other EOS id (or at a stop string): the engine goes on and must be
-    # stopped. Before, any EOS id of the checkpoint read as the engine's own end, so none was sent and
-    # the engine ran to max_tokens in a slot of max_in_flight.
+    # stopped. Were any EOS id of the checkpoint read as the engine's own end, no stop would be sent and
+    # the engine would run to max_tokens in a slot of max_in_flight.
     assert not ends([4, 7], params, end)
     assert not ends([4, 9], params, end)
     # Under ignore_eos the engine got no end_id: an id equal to it ends nothing.
@@ -201,7 +201,8 @@ def _serve_trtllm():
 
 
 def test_an_engine_built_to_another_plan_or_tensorrt_llm_is_built_again(tmp_path):
-    """Before, any engine folder with config.json and rank0.engine was served as it was."""
+    """An engine folder with config.json and rank0.engine is not served as it is: one without
+    batchlm_build.json, or built to another plan or TensorRT-LLM version, is built again."""
     serve = _serve_trtllm()
     engine = tmp_path / "engine"
     plan = json.loads(subprocess.run([sys.executable, str(ROOT / "scripts" / "build_trtllm_engine.py"), "--dry-run",
@@ -229,7 +230,8 @@ def test_an_engine_built_to_another_plan_or_tensorrt_llm_is_built_again(tmp_path
 def test_the_build_plan_names_the_checkpoint_by_its_contents(tmp_path):
     def plan(model_dir):
         return json.loads(subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "build_trtllm_engine.py"), "--dry-run", "--model-dir", str(model_dir)],
+            [sys.executable, str(ROOT / "scripts" / "build_trtllm_engine.py"), "--dry-run",
+             "--model-dir", str(model_dir)],
             check=True, capture_output=True, text=True).stdout)["checkpoint_sha256"]
 
     (tmp_path / "config.json").write_text("{}")

@@ -305,8 +305,8 @@ class TrtllmFrontService:
 
     def _stop_engine_request(self, flight: _Flight) -> None:
         """Stop the engine's request, now if the engine has it, else as soon as the worker has sent it
-        (`_on_sent`). Before, a stop that came before the request found nothing, still counted as
-        sent, and the engine ran the request to max_tokens."""
+        (`_on_sent`). Without the latter, a stop that came before the request would find nothing, still
+        count as sent, and the engine would run the request to max_tokens."""
         # NOTE: the worker, the watcher and close() may race here; a second stop for an id is harmless.
         # stop_wanted is set before sent is read here, and sent before stop_wanted is read in
         # _on_sent, so one of the two sends it.

@@ -84,7 +84,8 @@ class TritonPythonModel:
                 sender.send(flags=FINAL)
                 continue
             length = int(_value(request, "input_lengths"))
-            ids = [int(t) for t in pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)[:length]]
+            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)[:length]
+            ids = [int(t) for t in ids]
             stream = bool(_value(request, "streaming") or False)
             try:
                 entry = ("add", request_id, ids, _params(request), stream, sender)
