@@ -164,11 +164,13 @@ def saturated_window(samples: list[dict]) -> dict | None:
     """Output tokens/s from the timeline's start to its last sample with requests waiting.
 
     Counts the tokens the server generated (its counter, not the answers received), so tokens of
-    requests still running at the window's end count. None when no sample saw a request waiting or
-    the timeline has no token counts (a model without the counter, or a run shorter than a sample).
+    requests still running at the window's end count. None when fewer than two samples saw a request
+    waiting (requests sent together wait for the engine's next step to take them: one sample that sees
+    them is not saturation, and its window holds a token or two) or the timeline has no token counts
+    (a model without the counter, or a run shorter than a sample).
     """
     waiting = [i for i, s in enumerate(samples) if s["waiting"] > 0]
-    if not waiting or samples[waiting[-1]]["t"] <= 0:
+    if len(waiting) < 2 or samples[waiting[-1]]["t"] <= 0:
         return None
     window = samples[:waiting[-1] + 1]
     tokens = sum(s.get("generated_tokens", 0.0) for s in window)

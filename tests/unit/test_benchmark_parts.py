@@ -181,7 +181,9 @@ def test_saturated_window_stops_at_the_last_sample_with_a_request_waiting():
     window = saturated_window(samples)
     assert window == {"output_tokens": 200, "duration_s": 2.0, "output_token_throughput": 100.0}
     assert saturated_window([_sample(0.5, 0, 50)]) is None  # never saturated
-    assert saturated_window([_sample(0.5, 3, 0)]) is None   # no token counter
+    assert saturated_window([_sample(0.5, 3, 0), _sample(1.0, 3, 0)]) is None   # no token counter
+    # requests sent together, seen waiting for the engine's first step, and never again: not saturated
+    assert saturated_window([_sample(0.25, 3, 1)] + [_sample(0.25 * i, 0, 100) for i in range(2, 9)]) is None
 
 
 def test_saturated_figures_fall_back_to_the_whole_run_and_the_targets_table_shows_both():
