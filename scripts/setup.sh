@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up: project venv, a tritonserver with the Python backend, the native attention kernel,
-# the default model.
+# Idempotent set-up: project venv, a tritonserver with the Python backend, the native kernels, the library
+# that keeps the administrative key off the server's command line, the default model.
 # Fast on the second run: each step leaves a stamp keyed on what it was made from.
 #
 # Environment:
@@ -95,6 +95,12 @@ if ! "$venv/bin/python" -m batchlm.kernels 2>"$root/.cache/kernel-build.log"; th
   log "WARNING: the native kernels did not build (see .cache/kernel-build.log); serving uses the torch path"
 fi
 
-# 4. The default model: generated locally and deterministically, never downloaded.
+# 4. The library that keeps the administrative APIs' key off tritonserver's command line
+#    (batchlm/server/argv_secret.c; docs/operations.md, "Security").
+if ! "$venv/bin/python" -m batchlm.server.argv_secret >/dev/null 2>"$root/.cache/argv-secret-build.log"; then
+  log "WARNING: batchlm/server/argv_secret.c did not build (see .cache/argv-secret-build.log); the server's key goes on its command line"
+fi
+
+# 5. The default model: generated locally and deterministically, never downloaded.
 "$venv/bin/python" scripts/make_default_model.py --out "$root/models/default" --seed 0
 log "ready"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
+from batchlm.server import argv_secret
 from batchlm.server.deferred_signals import STOP_SIGNALS, DeferredSignals
 from batchlm.server.supervisor import ModelSupervisor
 from batchlm.serving.instance_claim import clear_claims
@@ -114,6 +115,9 @@ class TritonServer:
     shm_prefix: str = field(default_factory=lambda: f"batchlm_{uuid.uuid4().hex[:12]}_", init=False)
     # The value of ADMIN_HEADER that the restricted APIs ask for: made at random for each server object.
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16), init=False, repr=False)
+    # The library that keeps admin_token off the command line (argv_secret), looked up on first use;
+    # False where it cannot be built.
+    _secret_library: Path | bool | None = field(default=None, init=False, repr=False)
     _log_file: object = field(default=None, init=False, repr=False)
     _log_start: int = field(default=0, init=False, repr=False)  # where this start's lines begin in log_path
 
@@ -154,13 +158,26 @@ class TritonServer:
         return bool(self.restricted_apis) and not any(
             a.startswith(("--http-restricted-api", "--grpc-restricted-protocol")) for a in self.extra_args)
 
+    @property
+    def token_hidden(self) -> bool:
+        """Whether admin_token stays off the server's command line (argv_secret: its placeholder is
+        there, the token reaches tritonserver through its environment); False where nothing is
+        restricted or the library cannot be built."""
+        return self._restricts() and self._secret_preload() is not None
+
+    def _secret_preload(self) -> Path | None:
+        if self._secret_library is None:
+            self._secret_library = argv_secret.library() or False
+        return self._secret_library or None
+
     def restriction_args(self) -> list[str]:
         """tritonserver arguments that restrict `restricted_apis` to requests with `admin_header`."""
         if not self._restricts():
             return []
         apis = ",".join(self.restricted_apis)
-        return [f"--http-restricted-api={apis}:{ADMIN_HEADER}={self.admin_token}",
-                f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={self.admin_token}"]
+        token = argv_secret.PLACEHOLDER if self.token_hidden else self.admin_token
+        return [f"--http-restricted-api={apis}:{ADMIN_HEADER}={token}",
+                f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={token}"]
 
     @property
     def drainable(self) -> bool:
@@ -201,6 +218,8 @@ class TritonServer:
         # NOTE: keep Python from writing __pycache__ next to shared code (Triton treats every
         # folder in the repository as a model).
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if self.token_hidden:
+            env = argv_secret.environment(env, self.admin_token, self._secret_preload())
         return env
 
     def start(self, timeout: float = 180.0) -> "TritonServer":
@@ -449,6 +468,9 @@ def serve_until_signalled(server: TritonServer, drain_timeout: float = 60.0, sta
                 return 1
             print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",
                   flush=True)
+            if server.admin_header is not None and not server.token_hidden:
+                _say("WARNING: no C compiler built batchlm/server/argv_secret.c, so the key of the administrative "
+                     "APIs is on tritonserver's command line, which every local user can read")
             # NOTE: not signal.pause(): a signal that lands after Python's last check for pending signals
             # and before pause() is entered leaves pause() waiting for the next one, and the server
             # running. A pending signal's handler runs at the latest when this sleep ends.

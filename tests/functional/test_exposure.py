@@ -5,12 +5,14 @@ header only the starter holds, over HTTP and gRPC."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from batchlm.server import argv_secret
 from client.triton_llm import LLMClient
 
 ADMIN_ROUTES = [  # (method, path) of each restricted HTTP API
@@ -82,3 +84,23 @@ def test_inference_stays_open_to_every_client(server):
         assert llm.generate("continuous_batching", "Still open", 3, ignore_eos=True).num_output_tokens == 3
     finally:
         llm.close()
+
+
+def test_the_administrative_key_is_on_no_command_line_and_in_no_log(server):
+    """Other users of the machine read every process's command line in /proc; the key that opens the
+    administrative APIs is on none of the server's: tritonserver's holds a placeholder (the key reached
+    it through its environment, which it blanked), and the stubs it started inherited neither the key
+    nor the library that put it in place. The restricted APIs above answer the key all the same."""
+    token = server.admin_token.encode()
+    assert server.token_hidden
+    for pid in [server.process.pid, *server.stubs()]:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        assert token not in cmdline and token not in environ, pid
+        if pid != server.process.pid:
+            assert b"BATCHLM_ARGV_SECRET" not in environ and b"argv_secret" not in environ, pid
+    assert argv_secret.PLACEHOLDER.encode() in Path(f"/proc/{server.process.pid}/cmdline").read_bytes()
+    assert token not in Path(server.log_path).read_bytes()
+    r = requests.post(f"http://{server.http_url}/v2/repository/index", json={}, headers=server.admin_headers,
+                      timeout=30)
+    assert r.status_code == 200 and token.decode() not in r.text

@@ -3,10 +3,13 @@ administrative APIs restricted to a header only the starter holds; the serve com
 control unless the caller chose a mode; and whether a server so started can be drained."""
 
 import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from batchlm.server import triton_server
+from batchlm.server import argv_secret, triton_server
 from batchlm.server.triton_server import (
     ADMIN_HEADER,
     RESTRICTED_APIS,
@@ -29,11 +32,54 @@ def test_every_server_binds_loopback_and_restricts_the_administrative_apis(tmp_p
     name, token = server.admin_header
     assert name == ADMIN_HEADER and len(token) == 32 and server.admin_headers == {name: token}
     apis = ",".join(RESTRICTED_APIS)
-    assert f"--http-restricted-api={apis}:{name}={token}" in command
-    assert f"--grpc-restricted-protocol={apis}:{name}={token}" in command
+    # the token reaches tritonserver through its environment; its command line holds a placeholder
+    assert server.token_hidden
+    assert f"--http-restricted-api={apis}:{name}={argv_secret.PLACEHOLDER}" in command
+    assert f"--grpc-restricted-protocol={apis}:{name}={argv_secret.PLACEHOLDER}" in command
+    assert not [a for a in command if token in a]
+    env = server.environment()
+    assert env[argv_secret.VARIABLE] == token
+    assert env["LD_PRELOAD"].split(":")[0] == str(argv_secret.library_path())
     assert set(RESTRICTED_APIS) == {"model-repository", "shared-memory", "logging", "trace"}
     assert TritonServer(install=server.install).admin_token != token  # a new value for every server
     assert server.http_url == "127.0.0.1:8000" and server.metrics_url == "http://127.0.0.1:8002/metrics"
+
+
+def test_without_a_c_compiler_the_token_goes_on_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(argv_secret, "library", lambda: None)
+    server = TritonServer(install=_fake_install(tmp_path))
+    name, token = server.admin_header
+    assert not server.token_hidden
+    assert f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{name}={token}" in server.command()
+    assert argv_secret.VARIABLE not in server.environment()
+
+
+def test_the_argv_secret_library_builds_once_for_concurrent_builders(tmp_path, monkeypatch):
+    monkeypatch.setattr(argv_secret, "BUILD_DIR", tmp_path / "build")
+    with ThreadPoolExecutor(4) as pool:
+        paths = set(pool.map(lambda _: argv_secret.build(), range(4)))
+    assert paths == {argv_secret.library_path()} and argv_secret.library_path().exists()
+    assert [p.name for p in (tmp_path / "build").iterdir()] == [argv_secret.library_path().name]  # no temp left
+
+
+def test_the_preloaded_library_puts_the_secret_in_argv_and_nowhere_a_local_user_can_read(tmp_path):
+    """A process started as the servers are: its arguments hold the secret, its command line in /proc
+    the placeholder, its environment in /proc not the secret, and a child it starts neither the
+    variable nor the library."""
+    probe = (
+        "import os, sys, subprocess\n"
+        "cmdline = open(f'/proc/{os.getpid()}/cmdline', 'rb').read()\n"
+        "environ = open(f'/proc/{os.getpid()}/environ', 'rb').read()\n"
+        "child = subprocess.run(['env'], capture_output=True, text=True).stdout\n"
+        "secret = sys.argv[1].split(':')[1].encode()  # NOTE: not a literal: this text is on the command line\n"
+        "print(sys.argv[1]); print(secret in cmdline, secret in environ)\n"
+        "print('BATCHLM_ARGV_SECRET' in child, 'argv_secret' in child, os.environ.get('LD_PRELOAD'))\n"
+    )
+    env = argv_secret.environment({"PATH": os.environ["PATH"], "LD_PRELOAD": "/lib/other.so"}, "sesame-42",
+                                  argv_secret.build())
+    out = subprocess.run([sys.executable, "-c", probe, f"--key=k:{argv_secret.PLACEHOLDER}"], env=env,
+                         capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert out == ["--key=k:sesame-42", "False False", "False False /lib/other.so"], out
 
 
 def test_another_address_is_bound_only_when_asked(tmp_path):
