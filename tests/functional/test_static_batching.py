@@ -157,18 +157,22 @@ def test_a_reload_fails_the_old_instances_parked_requests(server):
     """A reload (the loaded model loaded again, here with another max_waiting) sends new requests to the
     new instance, and Triton unloads the old one once the requests it holds are done, without telling
     it; to the old instance the model still reads ready. Its parked requests get UNAVAILABLE
-    ("reloaded") once the successor holds the instance's name (InstanceClaim), and the old stub exits.
-    Before that they, and the old stub, waited for as long as the server ran."""
+    ("reloaded") once the successor holds the instance's name (InstanceClaim), and the old stub exits,
+    rather than they and the old stub waiting for as long as the server runs."""
     config = requests.get(f"http://{server.http_url}/v2/models/static_batching/config", timeout=30).json()
     config["parameters"]["max_waiting"]["string_value"] = "32"
     # the instance that will hold the parked requests: the claim's holder (not every static_batching stub:
     # an instance that a test before this one asked to unload may still be running)
     old = {InstanceClaim("static_batching_0_0", server_pid=server.process.pid).holder()}
     assert server.stubs().get(next(iter(old))) == "static_batching"
+    executions = _executions(server)
     try:
         with ThreadPoolExecutor(3) as pool:
             parked = {protocol: pool.submit(_send, server, i, protocol) for i, protocol in enumerate(PROTOCOLS)}
-            time.sleep(2.0)
+            deadline = time.monotonic() + 30
+            while _executions(server) - executions != 3:  # execute() parks a request and returns
+                assert time.monotonic() < deadline, "the requests were not parked"
+                time.sleep(0.01)
             _load(server, config)
             for protocol, f in parked.items():
                 with pytest.raises(RequestFailed) as info:
