@@ -69,6 +69,9 @@ ADMIN_HEADER = "batchlm-admin"  # the header the restricted APIs ask for
 # The administrative APIs (Triton's names): restricted on every server the project starts. Inference,
 # health, metadata, model configuration and statistics stay open to every client that reaches the port.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
+# A GET route of each restricted API, to check that the server took its key (TritonServer.start)
+_RESTRICTED_PROBES = {"logging": "/v2/logging", "trace": "/v2/trace/setting",
+                      "shared-memory": "/v2/systemsharedmemory/status"}
 NGC_BACKENDS = Path("/opt/tritonserver/backends")  # where an NGC container's tritonserver has its backends
 _HANDED_OUT: set[int] = set()  # ports free_port() returned in this process
 
@@ -236,10 +239,28 @@ class TritonServer:
             )
         try:
             self.wait_ready(timeout)
+            self._check_restriction()
         except BaseException:  # NOTE: SystemExit from exit_cleanly_on_sigterm too
             self.stop()
             raise
         return self
+
+    def _check_restriction(self) -> None:
+        """Where the key came through argv_secret, that tritonserver took it: a restricted API answers
+        admin_header. Where the library was not preloaded (a loader that ignores LD_PRELOAD), the key
+        would be the placeholder, which anyone can read; so the start fails instead."""
+        if not self.token_hidden:
+            return
+        api, route = next(((a, r) for a, r in _RESTRICTED_PROBES.items() if a in self.restricted_apis), (None, None))
+        if route is None:
+            return
+        request = urllib.request.Request(f"http://{self.http_url}{route}", headers=self.admin_headers)
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"tritonserver refused its own key on the {api} API (HTTP {exc.code}): the "
+                               "argv_secret library was not preloaded, so its key would be the placeholder; "
+                               "not serving") from None
 
     def is_ready(self) -> bool:
         """HTTP reports ready, and the metrics endpoint answers: tritonserver starts its metrics service

@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from batchlm.server import argv_secret
+from batchlm.server.triton_server import TritonServer, free_port
 from client.triton_llm import LLMClient
 
 ADMIN_ROUTES = [  # (method, path) of each restricted HTTP API
@@ -104,3 +105,21 @@ def test_the_administrative_key_is_on_no_command_line_and_in_no_log(server):
     r = requests.post(f"http://{server.http_url}/v2/repository/index", json={}, headers=server.admin_headers,
                       timeout=30)
     assert r.status_code == 200 and token.decode() not in r.text
+
+
+def test_a_server_that_did_not_take_its_key_refuses_to_serve(tmp_path, monkeypatch):
+    """Were the library not preloaded (a loader that ignores LD_PRELOAD), tritonserver's key would be the
+    placeholder, which anyone can read: the start fails, saying why, and leaves no server running."""
+    preloaded = argv_secret.environment
+
+    def without_preload(env, secret, preload):
+        return {k: v for k, v in preloaded(env, secret, preload).items() if k != "LD_PRELOAD"}
+
+    monkeypatch.setattr(argv_secret, "environment", without_preload)
+    srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                       log_path=tmp_path / "server.log", extra_args=("--model-control-mode=explicit",))
+    with pytest.raises(RuntimeError, match="refused its own key on the logging API"):
+        srv.start(timeout=120)
+    assert srv.process is None  # stopped
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", srv.http_port)) != 0, "the server still listens"
