@@ -9,6 +9,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -18,7 +19,7 @@ from batchlm.paths import PROJECT_ROOT
 from batchlm.server.triton_server import free_port, process_tree
 from batchlm.serving.instance_claim import clear_claims, default_folder
 from client.triton_llm import LLMClient, RequestFailed
-from tests.functional.conftest import held_by_http_connections, is_alive
+from tests.functional.conftest import held_by_http_connections, is_alive, metric_reaches
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 
@@ -82,7 +83,8 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
                             timeout=30).ok
         with ThreadPoolExecutor(2) as pool:
             parked = [pool.submit(_parked_answer, f"127.0.0.1:{ports[0]}", i) for i in range(2)]
-            time.sleep(2.0)
+            metrics = SimpleNamespace(metrics_url=f"http://127.0.0.1:{ports[2]}/metrics")
+            assert metric_reaches(metrics, "batchlm_waiting_requests", "static_batching", 2, timeout=30) == 2
             assert not any(f.done() for f in parked)
             signalled = time.monotonic()
             proc.send_signal(signum)
