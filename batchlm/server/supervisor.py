@@ -77,10 +77,10 @@ class ModelSupervisor:
         for model, instances in self.expected.items():
             dead = instances - alive.get(model, set())
             if dead:
-                held = sum(_gauge(metrics, name, instance) for name in HELD_GAUGES for instance in dead)
-                found[model] = (f"{len(dead)} of its {len(instances)} stub process(es) died, holding "
-                                f"{held:.0f} request(s)")
-        for model in _stopped_models(metrics):
+                held = ("an unknown number of" if metrics is None else
+                        f"{sum(_gauge(metrics, name, i) for name in HELD_GAUGES for i in dead):.0f}")
+                found[model] = f"{len(dead)} of its {len(instances)} stub process(es) died, holding {held} request(s)"
+        for model in _stopped_models(metrics or []):
             found.setdefault(model, "its serving thread stopped")
         return [Failure(model, reason) for model, reason in sorted(found.items())]
 
@@ -129,13 +129,13 @@ class ModelSupervisor:
             found[model].add(instance)
         return dict(found)
 
-    def _metrics(self) -> list[str]:
-        """The lines of the metrics endpoint's `batchlm_` series; none when it cannot be read."""
+    def _metrics(self) -> list[str] | None:
+        """The lines of the metrics endpoint's `batchlm_` series; None when it cannot be read."""
         try:
             with urllib.request.urlopen(self.server.metrics_url, timeout=5) as r:
                 text = r.read().decode()
         except (urllib.error.URLError, OSError):
-            return []
+            return None
         return [line for line in text.splitlines() if line.startswith("batchlm_")]
 
 

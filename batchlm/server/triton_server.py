@@ -70,8 +70,12 @@ ADMIN_HEADER = "batchlm-admin"  # the header the restricted APIs ask for
 # health, metadata, model configuration and statistics stay open to every client that reaches the port.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
 # A GET route of each restricted API, to check that the server took its key (TritonServer.start)
-_RESTRICTED_PROBES = {"logging": "/v2/logging", "trace": "/v2/trace/setting",
-                      "shared-memory": "/v2/systemsharedmemory/status"}
+_RESTRICTED_PROBES = {"model-repository": ("POST", "/v2/repository/index"), "logging": ("GET", "/v2/logging"),
+                      "trace": ("GET", "/v2/trace/setting"),
+                      "shared-memory": ("GET", "/v2/systemsharedmemory/status")}
+_WARNED_TOKEN_SHOWN = False  # the warning that a key is on a command line: once per process
+# The most seconds from tritonserver's exec to its preloaded library blanking the key (milliseconds seen)
+TOKEN_TAKEN_TIMEOUT_S = 10.0
 NGC_BACKENDS = Path("/opt/tritonserver/backends")  # where an NGC container's tritonserver has its backends
 _HANDED_OUT: set[int] = set()  # ports free_port() returned in this process
 
@@ -121,6 +125,8 @@ class TritonServer:
     # The library that keeps admin_token off the command line (argv_secret), looked up on first use;
     # False where it cannot be built.
     _secret_library: Path | bool | None = field(default=None, init=False, repr=False)
+    # What stands for admin_token on the command line where the library is preloaded: random per server.
+    token_placeholder: str = field(default_factory=argv_secret.new_placeholder, init=False, repr=False)
     _log_file: object = field(default=None, init=False, repr=False)
     _log_start: int = field(default=0, init=False, repr=False)  # where this start's lines begin in log_path
 
@@ -178,7 +184,7 @@ class TritonServer:
         if not self._restricts():
             return []
         apis = ",".join(self.restricted_apis)
-        token = argv_secret.PLACEHOLDER if self.token_hidden else self.admin_token
+        token = self.token_placeholder if self.token_hidden else self.admin_token
         return [f"--http-restricted-api={apis}:{ADMIN_HEADER}={token}",
                 f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={token}"]
 
@@ -222,7 +228,7 @@ class TritonServer:
         # folder in the repository as a model).
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         if self.token_hidden:
-            env = argv_secret.environment(env, self.admin_token, self._secret_preload())
+            env = argv_secret.environment(env, self.admin_token, self.token_placeholder, self._secret_preload())
         return env
 
     def start(self, timeout: float = 180.0) -> "TritonServer":
@@ -238,6 +244,7 @@ class TritonServer:
                 start_new_session=True, preexec_fn=die_with_parent,
             )
         try:
+            self._await_token_taken()
             self.wait_ready(timeout)
             self._check_restriction()
         except BaseException:  # NOTE: SystemExit from exit_cleanly_on_sigterm too
@@ -245,16 +252,39 @@ class TritonServer:
             raise
         return self
 
+    def _await_token_taken(self) -> None:
+        """Where the key goes through argv_secret: that the library ran in tritonserver (it blanks the key
+        in the process's environment before main()), or the start fails at once: without it the key
+        would be the placeholder, which every local user can read. Where the key is on the command
+        line, say so (once per process)."""
+        global _WARNED_TOKEN_SHOWN
+        if not self.token_hidden:
+            if self._restricts() and not _WARNED_TOKEN_SHOWN:
+                _WARNED_TOKEN_SHOWN = True
+                print("batchlm: WARNING: batchlm/server/argv_secret.c could not be built or used (no C compiler?), "
+                      "so the key of the administrative APIs is on tritonserver's command line, which every "
+                      "local user can read (docs/operations.md, \"Security\")", file=sys.stderr, flush=True)
+            return
+        deadline = time.monotonic() + TOKEN_TAKEN_TIMEOUT_S
+        while not argv_secret.taken(self.process.pid, self.admin_token):
+            if self.process.poll() is not None:
+                return  # NOTE: wait_ready says why, with the log's tail
+            if time.monotonic() > deadline or argv_secret.missing(self.process.pid, self._secret_preload()):
+                raise RuntimeError("the argv_secret library did not run in tritonserver (not preloaded), so its "
+                                   "key would be the placeholder on its command line; not serving")
+            time.sleep(0.005)
+
     def _check_restriction(self) -> None:
         """Where the key came through argv_secret, that tritonserver took it: a restricted API answers
-        admin_header. Where the library was not preloaded (a loader that ignores LD_PRELOAD), the key
-        would be the placeholder, which anyone can read; so the start fails instead."""
+        admin_header. Else the start fails: its key would be the placeholder."""
         if not self.token_hidden:
             return
-        api, route = next(((a, r) for a, r in _RESTRICTED_PROBES.items() if a in self.restricted_apis), (None, None))
-        if route is None:
+        api = next((a for a in _RESTRICTED_PROBES if a in self.restricted_apis), None)
+        if api is None:
             return
-        request = urllib.request.Request(f"http://{self.http_url}{route}", headers=self.admin_headers)
+        method, route = _RESTRICTED_PROBES[api]
+        request = urllib.request.Request(f"http://{self.http_url}{route}", headers=self.admin_headers, method=method,
+                                         data=b"{}" if method == "POST" else None)
         try:
             urllib.request.urlopen(request, timeout=10).close()
         except urllib.error.HTTPError as exc:
@@ -327,7 +357,8 @@ class TritonServer:
             # the IPC handle, the instance's name ("<model>_0_0"), its device kind
             if argv[0].endswith("triton_python_backend_stub") and len(argv) > 1:
                 model = Path(argv[1]).parents[1].name
-                found[pid] = (model, argv[8] if len(argv) > 8 else model)
+                # NOTE: a stub of another layout is told apart by its pid, so each one still counts
+                found[pid] = (model, argv[8] if len(argv) > 8 and argv[8] else f"{model} (pid {pid})")
         return found
 
     def drain(self, timeout: float = 60.0) -> list[str]:
@@ -489,9 +520,6 @@ def serve_until_signalled(server: TritonServer, drain_timeout: float = 60.0, sta
                 return 1
             print(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",
                   flush=True)
-            if server.admin_header is not None and not server.token_hidden:
-                _say("WARNING: no C compiler built batchlm/server/argv_secret.c, so the key of the administrative "
-                     "APIs is on tritonserver's command line, which every local user can read")
             # NOTE: not signal.pause(): a signal that lands after Python's last check for pending signals
             # and before pause() is entered leaves pause() waiting for the next one, and the server
             # running. A pending signal's handler runs at the latest when this sleep ends.

@@ -34,12 +34,14 @@ def test_every_server_binds_loopback_and_restricts_the_administrative_apis(tmp_p
     apis = ",".join(RESTRICTED_APIS)
     # the token reaches tritonserver through its environment; its command line holds a placeholder
     assert server.token_hidden
-    assert f"--http-restricted-api={apis}:{name}={argv_secret.PLACEHOLDER}" in command
-    assert f"--grpc-restricted-protocol={apis}:{name}={argv_secret.PLACEHOLDER}" in command
+    placeholder = server.token_placeholder
+    assert f"--http-restricted-api={apis}:{name}={placeholder}" in command
+    assert f"--grpc-restricted-protocol={apis}:{name}={placeholder}" in command
     assert not [a for a in command if token in a]
     env = server.environment()
-    assert env[argv_secret.VARIABLE] == token
+    assert env[argv_secret.SECRET] == token and env[argv_secret.PLACEHOLDER] == placeholder
     assert env["LD_PRELOAD"].split(":")[0] == str(argv_secret.library_path())
+    assert TritonServer(install=server.install).token_placeholder != placeholder  # random, as the token
     assert set(RESTRICTED_APIS) == {"model-repository", "shared-memory", "logging", "trace"}
     assert TritonServer(install=server.install).admin_token != token  # a new value for every server
     assert server.http_url == "127.0.0.1:8000" and server.metrics_url == "http://127.0.0.1:8002/metrics"
@@ -51,7 +53,7 @@ def test_without_a_c_compiler_the_token_goes_on_the_command_line(tmp_path, monke
     name, token = server.admin_header
     assert not server.token_hidden
     assert f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{name}={token}" in server.command()
-    assert argv_secret.VARIABLE not in server.environment()
+    assert argv_secret.SECRET not in server.environment()
 
 
 def test_the_argv_secret_library_builds_once_for_concurrent_builders(tmp_path, monkeypatch):
@@ -60,6 +62,21 @@ def test_the_argv_secret_library_builds_once_for_concurrent_builders(tmp_path, m
         paths = set(pool.map(lambda _: argv_secret.build(), range(4)))
     assert paths == {argv_secret.library_path()} and argv_secret.library_path().exists()
     assert [p.name for p in (tmp_path / "build").iterdir()] == [argv_secret.library_path().name]  # no temp left
+    assert (tmp_path / "build").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_library_others_can_write_or_a_path_the_loader_would_split_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(argv_secret, "BUILD_DIR", tmp_path / "build")
+    built = argv_secret.build()
+    built.chmod(0o775)  # whoever could replace it would run code in tritonserver with the key
+    assert argv_secret.library() is None
+    built.chmod(0o755)
+    (tmp_path / "build").chmod(0o777)
+    assert argv_secret.library() is None
+    (tmp_path / "build").chmod(0o700)
+    assert argv_secret.library() == built
+    monkeypatch.setattr(argv_secret, "BUILD_DIR", tmp_path / "my cache")
+    assert argv_secret.library() is None
 
 
 def test_the_preloaded_library_puts_the_secret_in_argv_and_nowhere_a_local_user_can_read(tmp_path):
@@ -73,11 +90,12 @@ def test_the_preloaded_library_puts_the_secret_in_argv_and_nowhere_a_local_user_
         "child = subprocess.run(['env'], capture_output=True, text=True).stdout\n"
         "secret = sys.argv[1].split(':')[1].encode()  # NOTE: not a literal: this text is on the command line\n"
         "print(sys.argv[1]); print(secret in cmdline, secret in environ)\n"
-        "print('BATCHLM_ARGV_SECRET' in child, 'argv_secret' in child, os.environ.get('LD_PRELOAD'))\n"
+        "print('BATCHLM_ARGV_' in child, 'argv_secret' in child, os.environ.get('LD_PRELOAD'))\n"
     )
+    placeholder = argv_secret.new_placeholder()
     env = argv_secret.environment({"PATH": os.environ["PATH"], "LD_PRELOAD": "/lib/other.so"}, "sesame-42",
-                                  argv_secret.build())
-    out = subprocess.run([sys.executable, "-c", probe, f"--key=k:{argv_secret.PLACEHOLDER}"], env=env,
+                                  placeholder, argv_secret.build())
+    out = subprocess.run([sys.executable, "-c", probe, f"--key=k:{placeholder}"], env=env,
                          capture_output=True, text=True, timeout=60).stdout.splitlines()
     assert out == ["--key=k:sesame-42", "False False", "False False /lib/other.so"], out
 
