@@ -238,6 +238,7 @@ def test_locust_openai_user_reports_ttft_and_e2e(frontend, tmp_path):
         float(rows["E2E openai continuous_batching"]["Average Response Time"])
 
 
+@pytest.mark.slow  # NOTE: tooling beside serving (the benchmark's own server and frontend); make test-slow runs it
 def test_the_serving_benchmark_runs_through_the_frontend(tmp_path):
     """`batchlm-bench run --protocol openai --start-server`: its own tritonserver and frontend, every
     request streamed through /v1/completions, each answered with exactly the tokens it asked for."""

@@ -257,12 +257,12 @@ def test_sigterm_with_parked_grpc_requests_waits_for_no_http_connection(tmp_path
     HTTP for a gRPC request and kept that connection open while it waited would make the SIGTERM wait
     out the exit timeout for it, exit 1 and unload nothing."""
     log = tmp_path / "server.log"
-    # NOTE: an exit timeout of 5 s: a connection held open is still logged 5 times (and counted, below).
-    # And a stop that stalls on Triton's side (the NOTE below; seen in full test-suite runs, never in runs of
-    # this file or test alone) is killed 10 s after the SIGTERM, not 30
+    # NOTE: an exit timeout of 3 s: a connection held open is still logged 3 times (and counted, below).
+    # And a stop that stalls on Triton's side (the NOTE below; seen most in full test-suite runs) is
+    # killed 7 s after the SIGTERM, not 30
     srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
                        extra_args=("--model-control-mode=explicit", "--load-model=static_batching"),
-                       exit_timeout_s=5)
+                       exit_timeout_s=3)
     srv.start(timeout=300)
     try:
         with ThreadPoolExecutor(3) as pool:
@@ -272,7 +272,7 @@ def test_sigterm_with_parked_grpc_requests_waits_for_no_http_connection(tmp_path
             # against none of 3 with the 2 s
             time.sleep(2.0)
             assert not any(f.done() for f in parked)
-            srv.stop(grace=10)
+            srv.stop(grace=7)
             answers = [_failure(f) for f in parked]
         del parked
     finally:

@@ -45,6 +45,7 @@ def test_batch_invariance_finds_no_request_whose_tokens_change_batched():
     assert all(row.split("|")[2].strip() == "0 of 8" for row in rows), stdout
 
 
+@pytest.mark.slow  # NOTE: tooling beside serving (compares kernel builds); make test-slow runs it
 def test_kernel_outputs_are_the_same_bits_run_to_run_and_a_changed_bit_is_found(tmp_path):
     a, b, changed = tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "changed.pt"
     run("kernel-outputs", "save", str(a))
