@@ -7,6 +7,7 @@ started, even when the server hangs on shutdown.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -69,7 +70,7 @@ ADMIN_HEADER = "batchlm-admin"  # the header the restricted APIs ask for
 # The administrative APIs (Triton's names): restricted on every server the project starts. Inference,
 # health, metadata, model configuration and statistics stay open to every client that reaches the port.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
-# A GET route of each restricted API, to check that the server took its key (TritonServer.start)
+# A route of each restricted API that changes nothing, to check that the server took its key (start())
 _RESTRICTED_PROBES = {"model-repository": ("POST", "/v2/repository/index"), "logging": ("GET", "/v2/logging"),
                       "trace": ("GET", "/v2/trace/setting"),
                       "shared-memory": ("GET", "/v2/systemsharedmemory/status")}
@@ -122,9 +123,6 @@ class TritonServer:
     shm_prefix: str = field(default_factory=lambda: f"batchlm_{uuid.uuid4().hex[:12]}_", init=False)
     # The value of ADMIN_HEADER that the restricted APIs ask for: made at random for each server object.
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16), init=False, repr=False)
-    # The library that keeps admin_token off the command line (argv_secret), looked up on first use;
-    # False where it cannot be built.
-    _secret_library: Path | bool | None = field(default=None, init=False, repr=False)
     # What stands for admin_token on the command line where the library is preloaded: random per server.
     token_placeholder: str = field(default_factory=argv_secret.new_placeholder, init=False, repr=False)
     _log_file: object = field(default=None, init=False, repr=False)
@@ -172,12 +170,13 @@ class TritonServer:
         """Whether admin_token stays off the server's command line (argv_secret: its placeholder is
         there, the token reaches tritonserver through its environment); False where nothing is
         restricted or the library cannot be built."""
-        return self._restricts() and self._secret_preload() is not None
+        return self._restricts() and self._secret_preload is not None
 
+    @functools.cached_property
     def _secret_preload(self) -> Path | None:
-        if self._secret_library is None:
-            self._secret_library = argv_secret.library() or False
-        return self._secret_library or None
+        """The library that keeps admin_token off the command line (argv_secret), looked up once; None
+        where it cannot be built or used."""
+        return argv_secret.library()
 
     def restriction_args(self) -> list[str]:
         """tritonserver arguments that restrict `restricted_apis` to requests with `admin_header`."""
@@ -228,7 +227,7 @@ class TritonServer:
         # folder in the repository as a model).
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         if self.token_hidden:
-            env = argv_secret.environment(env, self.admin_token, self.token_placeholder, self._secret_preload())
+            env = argv_secret.environment(env, self.admin_token, self.token_placeholder, self._secret_preload)
         return env
 
     def start(self, timeout: float = 180.0) -> "TritonServer":
@@ -269,7 +268,7 @@ class TritonServer:
         while not argv_secret.taken(self.process.pid, self.admin_token):
             if self.process.poll() is not None:
                 return  # NOTE: wait_ready says why, with the log's tail
-            if time.monotonic() > deadline or argv_secret.missing(self.process.pid, self._secret_preload()):
+            if time.monotonic() > deadline or argv_secret.missing(self.process.pid, self._secret_preload):
                 raise RuntimeError("the argv_secret library did not run in tritonserver (not preloaded), so its "
                                    "key would be the placeholder on its command line; not serving")
             time.sleep(0.005)
@@ -288,9 +287,8 @@ class TritonServer:
         try:
             urllib.request.urlopen(request, timeout=10).close()
         except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"tritonserver refused its own key on the {api} API (HTTP {exc.code}): the "
-                               "argv_secret library was not preloaded, so its key would be the placeholder; "
-                               "not serving") from None
+            raise RuntimeError(f"tritonserver refused its own key on the {api} API (HTTP {exc.code}): the key "
+                               "did not take the placeholder's place in its arguments; not serving") from None
 
     def is_ready(self) -> bool:
         """HTTP reports ready, and the metrics endpoint answers: tritonserver starts its metrics service
