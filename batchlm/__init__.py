@@ -5,7 +5,7 @@ The public API:
 
     from batchlm import LLMEngine, EngineConfig, SamplingParams
 
-    engine = LLMEngine("models/default", EngineConfig(max_num_seqs=8))
+    engine = LLMEngine("models/SmolLM2-135M-Instruct.Q4_1.gguf", EngineConfig(max_num_seqs=8))
     print(engine.generate(["Once upon a time"], SamplingParams(max_tokens=16))[0].text)
 
 Importing the package is cheap and loads no torch (the Triton models import it in a backend stub

@@ -1,5 +1,6 @@
 """Command line client: send one request to any model by name and print its text and timings.
 
+    batchlm-client generate continuous_batching "What is the capital of France?" --chat
     batchlm-client generate continuous_batching "Once upon a time" --max-tokens 32
     batchlm-client generate dynamic_batching "Hello" --max-tokens 16 --protocol http
     batchlm-client generate dynamic_batching "Hello" --protocol infer
@@ -9,7 +10,9 @@ Decoupled models are read as a stream, a gRPC one or, with `--protocol http`, se
 `/generate_stream`, and the text is printed as it arrives (models that refuse `stream: true` are asked
 again for one answer); others answer once. `--protocol infer` sends HTTP `/infer` (KServe v2), which
 only models that are not decoupled serve, and whose error statuses are Triton's (503 for an
-overload), where `/generate` on tritonserver 2.51 answers every model error with 400.
+overload), where `/generate` on tritonserver 2.51 answers every model error with 400. With `--chat` the
+prompt is one user message, sent through the model's chat template (LLMClient.chat_prompt); without it,
+the prompt is sent as it is, for the model to continue.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--chat", action="store_true", help="send the prompt as a user message, through the chat template")
     info = sub.add_parser("info", help="print the model's inputs, outputs and batching flags")
     info.add_argument("model")
     return p.parse_args(argv)
@@ -58,7 +62,10 @@ def options(args: argparse.Namespace) -> dict:
 def generate(llm: LLMClient, args: argparse.Namespace) -> tuple[Result, bool]:
     """The result, and whether its text was already printed while streaming."""
     opts = options(args)
-    ask = (args.protocol, args.model, args.prompt, args.max_tokens)
+    prompt = args.prompt
+    if args.chat:
+        prompt = llm.chat_prompt(args.model, [{"role": "user", "content": prompt}], via=args.protocol)
+    ask = (args.protocol, args.model, prompt, args.max_tokens)
     if args.no_stream or not llm.is_decoupled(args.model, args.protocol):
         return llm.answer(*ask, **opts), False
     start = time.perf_counter()

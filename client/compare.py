@@ -182,7 +182,7 @@ class Comparison:
                     from batchlm.bench.engine_baseline import engine_throughput  # NOTE: here: torch takes 3 s to import
 
                     with self._cpu():
-                        engine = engine_throughput(PROJECT_ROOT / "models/default",
+                        engine = engine_throughput(PROJECT_ROOT / "models/tiny-random",
                                                    self._engine_config(runs[CONT][0]), self.requests)
                     engines.append(engine)
                     print(f"engine in process, round {i + 1}: {engine['output_token_throughput']:.1f} tok/s "

@@ -144,13 +144,13 @@ def engine_case(policy: str, spec: dict) -> dict:
     from batchlm.bench.workload import build_requests
     from batchlm.engine.engine import LLMEngine
     from batchlm.engine.engine_config import EngineConfig
-    from batchlm.paths import DEFAULT_MODEL_DIR
+    from batchlm.paths import TINY_MODEL_DIR
 
     requests = build_requests(WorkloadSpec(**spec))
     result: dict = {}
 
     def run() -> None:
-        engine = LLMEngine(DEFAULT_MODEL_DIR, EngineConfig(adaptive_threads=policy == "adaptive"))
+        engine = LLMEngine(TINY_MODEL_DIR, EngineConfig(adaptive_threads=policy == "adaptive"))
         done = run_to_completion(engine, requests)
         result.update(output_tokens_per_s=done["output_token_throughput"], duration_s=done["duration_s"],
                       steps=done["steps"])

@@ -178,6 +178,15 @@ class LLMClient:
             self._configs[(channel, model)] = config
         return self._configs[(channel, model)]
 
+    def chat_prompt(self, model: str, messages: list[dict[str, str]], via: str = "http") -> str:
+        """`messages` (dicts with `role` and `content`) as one prompt, rendered with the chat template of
+        the checkpoint the model's config names (batchlm.frontend.chat_template, as the OpenAI route
+        renders it), where this machine can read that checkpoint; else with the plain template."""
+        from batchlm.frontend.chat_template import load_chat_template
+        from batchlm.frontend.triton_backend import ModelInfo
+
+        return load_chat_template(ModelInfo.from_config(self.model_config(model, via)).model_dir).render(messages)
+
     def is_decoupled(self, model: str, via: str = "http") -> bool:
         return bool(self.model_config(model, via).get("model_transaction_policy", {}).get("decoupled"))
 
@@ -324,6 +333,12 @@ class LLMClient:
         elapsed = time.perf_counter() - start
         return Result(chunk.text, chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens,
                       ttft=elapsed, latency=elapsed, chunk_times=[elapsed])
+
+    def __enter__(self) -> LLMClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         self._http.close()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the TensorRT-LLM engine that the `tensorrt_llm` model serves, from a Hugging Face Llama checkpoint.
 
-    python3 scripts/build_trtllm_engine.py [--model-dir models/default] [--out engines/trtllm] [--dtype float16]
+    python3 scripts/build_trtllm_engine.py [--model-dir models/tiny-random] [--out engines/trtllm] [--dtype float16]
                                            [--tp-size 1] [--pp-size 1] [--max-num-tokens 2048]
     python3 scripts/build_trtllm_engine.py --dry-run      # print the plan; needs no TensorRT-LLM and no GPU
 

@@ -24,7 +24,7 @@ from batchlm.engine.forward_batch import ForwardBatch
 from batchlm.engine.kv_cache import KVCache
 from batchlm.model.attention import AttentionMetadata, paged_attention
 from batchlm.model.model_config import ModelConfig
-from batchlm.paths import DEFAULT_MODEL_DIR
+from batchlm.paths import TINY_MODEL_DIR
 
 
 def decode_batch(contexts: list[int], block_size: int, num_blocks: int, rng: random.Random) -> ForwardBatch:
@@ -50,7 +50,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--model-dir", default=str(DEFAULT_MODEL_DIR))
+    p.add_argument("--model-dir", default=str(TINY_MODEL_DIR))
     args = p.parse_args()
     if not kernels.load():
         sys.exit(f"kernel not built ({kernels.library_path()}): run python -m batchlm.kernels")

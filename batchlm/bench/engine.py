@@ -1,6 +1,6 @@
 """Benchmark the engine alone, in process: decode tokens/s per batch size and prefill tokens/s.
 
-    batchlm-bench engine [models/default] [--json out.json] [--threads 2]
+    batchlm-bench engine [models/tiny-random] [--json out.json] [--threads 2]
 
 Decode: B sequences with ~`--context` tokens of context, ignore_eos; only steady-state steps (every
 sequence decoding one token) are timed. Prefill: `--prefill-prompts` prompts of `--prefill-len` tokens,
@@ -27,7 +27,7 @@ BATCHES = (1, 2, 4, 8, 16, 32)
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model_dir", nargs="?", default="models/default")
+    p.add_argument("model_dir", nargs="?", default="models/tiny-random")
     p.add_argument("--json", dest="json_path", help="also write the results here")
     p.add_argument("--threads", type=int, default=EngineConfig().num_threads)
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: the device's default)")

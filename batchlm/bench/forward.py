@@ -1,6 +1,6 @@
 """Time one decode forward of the model at several batch sizes (in process, no server).
 
-    batchlm-bench forward [--model models/default] [--context 128] [--threads 2]
+    batchlm-bench forward [--model models/tiny-random] [--context 128] [--threads 2]
                                     [--batch-sizes 1,2,4,8,16] [--dtype float32|bfloat16] [--prompt-len 0]
                                     [--profile] [--linear auto|kernel|onednn] [--pointwise auto|kernel|torch]
                                     [--interfere SECONDS]
@@ -148,7 +148,7 @@ def profile_split(model, cache: KVCache, batch: ForwardBatch, iters: int = 10) -
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=Path("models/default"))
+    ap.add_argument("--model", type=Path, default=Path("models/tiny-random"))
     ap.add_argument("--context", type=int, default=128, help="tokens in each sequence's KV cache")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=50)

@@ -19,7 +19,7 @@ from batchlm.engine.batch_generator import BatchGenerator
 from batchlm.engine.engine import LLMEngine, load_parts
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from batchlm.paths import DEFAULT_MODEL_DIR
+from batchlm.paths import TINY_MODEL_DIR
 
 
 def first_differences(reference: list[list[int]], other: list[list[int]]) -> list[int]:
@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: the device's default)")
     p.add_argument("--num-requests", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=160, help="cap on each request's output length")
-    p.add_argument("--model-dir", default=str(DEFAULT_MODEL_DIR))
+    p.add_argument("--model-dir", default=str(TINY_MODEL_DIR))
     args = p.parse_args()
     requests = build_requests(WorkloadSpec(num_requests=args.num_requests))
     prompts = [r.prompt for r in requests]

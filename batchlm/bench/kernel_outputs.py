@@ -24,7 +24,7 @@ from batchlm import kernels
 from batchlm.bench.forward import decode_batch, prefill_batch
 from batchlm.engine.kv_cache import KVCache
 from batchlm.model.checkpoint import load_model
-from batchlm.paths import DEFAULT_MODEL_DIR
+from batchlm.paths import TINY_MODEL_DIR
 
 BLOCK = 16
 CONTEXT = 160
@@ -40,7 +40,7 @@ def outputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
     gu[1, :1408] = torch.linspace(-120, 30, 1408)  # across the exp's clamp at -87
     out["silu_mul float32"] = torch.ops.batchlm.silu_mul(gu)
     out["silu_mul bfloat16"] = torch.ops.batchlm.silu_mul(gu.bfloat16())
-    model = load_model(DEFAULT_MODEL_DIR, dtype=dtype, linear="auto", pointwise="auto")
+    model = load_model(TINY_MODEL_DIR, dtype=dtype, linear="auto", pointwise="auto")
     cache = KVCache(model.config, num_blocks=40 * (CONTEXT // BLOCK), block_size=BLOCK, dtype=dtype)
     torch.manual_seed(1)
     cache.storage.copy_(torch.randn(cache.storage.shape) * 2)

@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from batchlm.bench.workload import WorkloadSpec, build_requests
-from batchlm.paths import DEFAULT_MODEL_DIR, PROJECT_ROOT
+from batchlm.paths import TINY_MODEL_DIR, PROJECT_ROOT
 
 EXTRA_HINT = "pip install -e '.[peers]'"
 CACHE_DIR = PROJECT_ROOT / ".cache" / "peers"
@@ -481,91 +481,16 @@ def run_ct2(requests: list[PeerRequest], args: argparse.Namespace) -> dict:
     return {**result, "notes": f"float32, intra_threads={args.threads}, groups of {args.max_num_seqs}, {path.name}"}
 
 
-def _permute_rope(weight, n_head: int):
-    """HF's rotate-half Q/K rows to llama.cpp's interleaved RoPE order (what its convert script does)."""
-    rows = weight.shape[0]
-    return weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-
-
 def gguf_model_path(model_dir: str | Path) -> Path:
-    """The checkpoint as an F32 GGUF (llama architecture, its byte-level BPE vocabulary), written once per digest.
+    """The checkpoint as a GGUF file for llama.cpp: itself where it is one, else an F32 GGUF written once
+    per digest (batchlm.model.gguf_file.write_gguf)."""
+    from batchlm.model.gguf_file import is_gguf, write_gguf
 
-    llama.cpp's own convert_hf_to_gguf.py is not in any pip package; this writes the same tensors and keys
-    for a plain Llama with the `gguf` package's writer (Q and K rows permuted to llama.cpp's RoPE layout)."""
-    import gguf
-    import numpy as np
-
-    from batchlm.model.checkpoint import SafetensorsCheckpoint
-
+    if is_gguf(model_dir):
+        return Path(model_dir)
     out = CACHE_DIR / f"gguf-{checkpoint_digest(model_dir)}-f32.gguf"
-    if out.is_file():
-        return out
-    root = Path(model_dir)
-    config = json.loads((root / "config.json").read_text())
-    if config.get("model_type") != "llama" or config.get("rope_scaling"):
-        raise ValueError("the GGUF writer here handles plain Llama checkpoints (no RoPE scaling) only")
-    tokenizer = json.loads((root / "tokenizer.json").read_text())
-    if tokenizer["model"]["type"] != "BPE":
-        raise ValueError(f"the GGUF writer here handles BPE tokenizers only, not {tokenizer['model']['type']}")
-    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    vocab = {i: t for t, i in tokenizer["model"]["vocab"].items()}
-    special = {t["id"]: t["content"] for t in tokenizer.get("added_tokens", [])}
-    vocab.update(special)
-    tokens = [vocab[i] for i in range(config["vocab_size"])]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"].get("merges", [])]
-
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
-    writer.add_name(root.name)
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_vocab_size(config["vocab_size"])
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
-                            for i in range(len(tokens))])
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(config["bos_token_id"])
-    writer.add_eos_token_id(config["eos_token_id"])
-    writer.add_add_bos_token(True)
-    weights = SafetensorsCheckpoint(root)
-
-    def tensor(name: str):
-        return np.ascontiguousarray(weights[name].float().numpy())
-
-    writer.add_tensor("token_embd.weight", tensor("model.embed_tokens.weight"))
-    for b in range(config["num_hidden_layers"]):
-        hf = f"model.layers.{b}."
-        writer.add_tensor(f"blk.{b}.attn_norm.weight", tensor(hf + "input_layernorm.weight"))
-        writer.add_tensor(f"blk.{b}.attn_q.weight", _permute_rope(tensor(hf + "self_attn.q_proj.weight"), heads))
-        writer.add_tensor(f"blk.{b}.attn_k.weight", _permute_rope(tensor(hf + "self_attn.k_proj.weight"), kv_heads))
-        writer.add_tensor(f"blk.{b}.attn_v.weight", tensor(hf + "self_attn.v_proj.weight"))
-        writer.add_tensor(f"blk.{b}.attn_output.weight", tensor(hf + "self_attn.o_proj.weight"))
-        writer.add_tensor(f"blk.{b}.ffn_norm.weight", tensor(hf + "post_attention_layernorm.weight"))
-        writer.add_tensor(f"blk.{b}.ffn_gate.weight", tensor(hf + "mlp.gate_proj.weight"))
-        writer.add_tensor(f"blk.{b}.ffn_up.weight", tensor(hf + "mlp.up_proj.weight"))
-        writer.add_tensor(f"blk.{b}.ffn_down.weight", tensor(hf + "mlp.down_proj.weight"))
-    writer.add_tensor("output_norm.weight", tensor("model.norm.weight"))
-    lm_head = "model.embed_tokens.weight" if config.get("tie_word_embeddings") else "lm_head.weight"
-    writer.add_tensor("output.weight", tensor(lm_head))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, out)
+    if not out.is_file():
+        write_gguf(model_dir, out)
     return out
 
 
@@ -719,7 +644,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hf-attention", default="sdpa", help="hf-cb's attention: sdpa or paged|eager")
     p.add_argument("--llama-flash-attn", choices=sorted(LLAMA_FLASH_ATTN), default="off",
                    help="llama.cpp's flash attention (its default is auto, i.e. on; on CPU it computes in F16)")
-    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    p.add_argument("--model-dir", type=Path, default=TINY_MODEL_DIR)
     p.add_argument("--out", type=Path, default=Path("results/peers"), help="where peers.json and peers.md go")
     p.add_argument("--case-timeout", type=int, default=3600, help="seconds one engine may take")
     p.add_argument("--case", choices=sorted(PEERS), help=argparse.SUPPRESS)  # one engine, in this process

@@ -32,7 +32,7 @@ from batchlm.bench.workload import WorkloadSpec, build_requests
 from batchlm.engine.kv_cache import KVCache
 from batchlm.model.checkpoint import load_model
 from batchlm.model.tokenizer import Tokenizer
-from batchlm.paths import DEFAULT_MODEL_DIR
+from batchlm.paths import TINY_MODEL_DIR
 
 BLOCK = 16
 TARGETS = {8: 2.3}  # continuous at 8 sequences / static: the line `make compare` checks
@@ -99,7 +99,7 @@ def report(workload: str, lengths: scm.Lengths, costs: scm.StepCosts, same_kv_se
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
+    ap.add_argument("--model", type=Path, default=TINY_MODEL_DIR)
     ap.add_argument("--seqs", default="8,16,24,32,40,48,64", help="continuous batching's sequences a step")
     ap.add_argument("--same-kv-seqs", type=int, default=40,
                     help="sequences a step that the same KV memory holds (added to --seqs)")

@@ -27,7 +27,7 @@ from batchlm.engine.batch_generator import BatchGenerator
 from batchlm.engine.engine import LLMEngine, load_parts
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from batchlm.paths import DEFAULT_MODEL_DIR
+from batchlm.paths import TINY_MODEL_DIR
 
 BATCH = 8
 RAMP_S = 3.0
@@ -76,7 +76,7 @@ def main() -> int:
         ap.error(f"--num-requests must be at least {BATCH} and --same-kv-seqs positive")
     requests = build_requests(WorkloadSpec(num_requests=args.num_requests))
     config = EngineConfig(dtype=args.dtype)
-    model, tokenizer = load_parts(DEFAULT_MODEL_DIR, config)
+    model, tokenizer = load_parts(TINY_MODEL_DIR, config)
     request_level = BatchGenerator(model, tokenizer, config).engine
     wide = dataclasses.replace(config, max_num_seqs=args.same_kv_seqs)
     continuous = {

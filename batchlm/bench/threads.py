@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 
-from batchlm.paths import DEFAULT_MODEL_DIR
+from batchlm.paths import TINY_MODEL_DIR
 
 CASES = ("same-thread", "built-elsewhere", "owner-thread")
 
@@ -34,7 +34,7 @@ def run_case(case: str, num_requests: int) -> dict:
     result: dict = {}
 
     def build() -> LLMEngine:
-        return LLMEngine(DEFAULT_MODEL_DIR, EngineConfig())
+        return LLMEngine(TINY_MODEL_DIR, EngineConfig())
 
     def step(engine: LLMEngine) -> None:
         import warnings

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from batchlm.model.synthetic_corpus import WORDS, sentence
 from batchlm.model.tokenizer import Tokenizer
-from batchlm.paths import DEFAULT_MODEL_DIR
+from batchlm.paths import TINY_MODEL_DIR
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def output_length(rng: random.Random, spec: WorkloadSpec) -> int:
     return max(spec.output_min, min(spec.output_cap, value))
 
 
-def build_requests(spec: WorkloadSpec, model_dir: Path | str = DEFAULT_MODEL_DIR) -> list[WorkloadRequest]:
+def build_requests(spec: WorkloadSpec, model_dir: Path | str = TINY_MODEL_DIR) -> list[WorkloadRequest]:
     """The spec's requests, in arrival order; prompts are cut to their token length with the tokenizer."""
     tokenizer = Tokenizer.from_dir(model_dir)
     rng = random.Random(spec.seed)

@@ -1,9 +1,11 @@
 """Chat messages -> one prompt: the checkpoint's chat template where it has one, else a plain one.
 
-The checkpoint's template is `chat_template` in its tokenizer_config.json (Hugging Face's layout),
-rendered with jinja2 in a sandbox, with `messages`, `add_generation_prompt=True`, `bos_token` and
-`eos_token`, as Hugging Face renders it. The default checkpoint (models/default) has one
-(batchlm/model/checkpoint.py, `DEFAULT_CHAT_TEMPLATE`). A checkpoint without one, or one this process
+The checkpoint's template is `tokenizer.chat_template` in a GGUF file's metadata, or, in a Hugging Face
+folder, `chat_template.jinja` (where transformers 5 saves it) or `chat_template` in tokenizer_config.json;
+it is rendered with jinja2 in a sandbox, with `messages`, `add_generation_prompt=True`, `bos_token` and
+`eos_token`, as Hugging Face renders it. The default model (SmolLM2-135M-Instruct) has ChatML's, the tiny
+test checkpoint a small one of its own (batchlm/model/checkpoint.py, `DEFAULT_CHAT_TEMPLATE`).
+A checkpoint without one, or one this process
 cannot read (Triton on another machine), gets the plain template: one line `<role>: <content>` per
 message, then `assistant:`.
 """
@@ -46,14 +48,29 @@ class ChatTemplate:
 
 
 def load_chat_template(model_dir: Path | None) -> ChatTemplate:
-    """The template of the checkpoint in `model_dir`; the plain one when there is none to read."""
+    """The template of the checkpoint at `model_dir` (a folder or a GGUF file); the plain one when there is
+    none to read."""
+    from batchlm.model.gguf_file import is_gguf, open_gguf
+
     if model_dir is None:
         return ChatTemplate()
+    if is_gguf(model_dir):
+        try:
+            gguf = open_gguf(model_dir)
+        except ValueError:
+            return ChatTemplate()
+        source = gguf.chat_template
+        bos, eos = (gguf.special_token(gguf.bos_token_id),
+                    gguf.special_token(gguf.eos_token_ids[0] if gguf.eos_token_ids else None))
+        return ChatTemplate(source, bos or "", eos or "") if source else ChatTemplate()
     try:
         config = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
-        return ChatTemplate()
+        config = {}
     source = config.get("chat_template")
+    jinja_file = Path(model_dir) / "chat_template.jinja"
+    if jinja_file.is_file():  # NOTE: transformers 5 saves the template here, not in tokenizer_config.json
+        source = jinja_file.read_text()
     if isinstance(source, list):  # NOTE: HF also allows a list of named templates; use "default"
         source = next((t.get("template") for t in source if t.get("name") == "default"), None)
     if not isinstance(source, str) or not source:

@@ -26,7 +26,7 @@ import tritonclient.grpc.aio as aio
 from tritonclient.utils import InferenceServerException
 
 from batchlm.frontend.errors import invalid
-from batchlm.paths import PROJECT_ROOT
+from batchlm.paths import served_model
 
 # The models the frontend serves, where Triton has them loaded and ready.
 SERVABLE_MODELS = ("static_batching", "dynamic_batching", "continuous_batching", "continuous_batching_trtllm")
@@ -63,10 +63,8 @@ class ModelInfo:
     def from_config(cls, config: dict) -> "ModelInfo":
         """From the model's config as gRPC's JSON (fields at their default are left out)."""
         model_dir = config.get("parameters", {}).get("model_dir", {}).get("string_value")
-        path = None
-        if model_dir:
-            path = Path(model_dir) if Path(model_dir).is_absolute() else PROJECT_ROOT / model_dir
-            path = path if path.is_dir() else None
+        path = served_model(model_dir) if model_dir else None
+        path = path if path is not None and path.exists() else None
         return cls(
             name=config["name"],
             decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),

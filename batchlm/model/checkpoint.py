@@ -183,7 +183,8 @@ def train_tokenizer(seed: int, vocab_size: int):
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None, attention: str = "auto",
                linear: str = "auto", pointwise: str = "auto") -> LlamaForCausalLM:
-    """Load a Llama-family HF checkpoint from local disk, in eval mode; `.config` is its ModelConfig.
+    """Load a Llama-family checkpoint from local disk (a HF folder or a GGUF file), in eval mode; `.config`
+    is its ModelConfig.
 
     dtype None means float32 on CPU and bfloat16 elsewhere. Weights are converted on copy.
     `attention` picks the attention path (LlamaForCausalLM.set_attention), `linear` the packed matmul
@@ -194,11 +195,18 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = LlamaForCausalLM(config, device=device, dtype=dtype)
-    model.load_hf_state_dict(SafetensorsCheckpoint(model_dir))
+    model.load_hf_state_dict(checkpoint_weights(model_dir))
     model.prepack_linears(linear)  # no-op off CPU
     model.set_attention(attention)
     model.set_pointwise(pointwise)
     return model
+
+
+def checkpoint_weights(model_dir: str | Path) -> Mapping[str, torch.Tensor]:
+    """HF name -> tensor of a checkpoint folder (safetensors) or of a GGUF file (dequantized as read)."""
+    from batchlm.model.gguf_file import is_gguf, open_gguf
+
+    return open_gguf(model_dir).weights() if is_gguf(model_dir) else SafetensorsCheckpoint(model_dir)
 
 
 class SafetensorsCheckpoint(Mapping):

@@ -62,7 +62,12 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
-        """Read `<model_dir>/config.json`; raise InvalidArgument naming the field that is wrong."""
+        """Read `<model_dir>/config.json`, or the metadata of a GGUF file; raise InvalidArgument naming the
+        field that is wrong."""
+        from batchlm.model.gguf_file import is_gguf, open_gguf
+
+        if is_gguf(model_dir):
+            return cls.from_hf_dict(open_gguf(model_dir).hf_config)
         path = Path(model_dir) / "config.json"
         try:
             raw = json.loads(path.read_text())

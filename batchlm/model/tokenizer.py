@@ -35,7 +35,12 @@ class Tokenizer:
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
         """Read tokenizer.json plus the BOS/EOS settings of tokenizer_config.json, config.json and
-        generation_config.json (EOS ids are the union of what they name)."""
+        generation_config.json (EOS ids are the union of what they name); or all of it from a GGUF file."""
+        from batchlm.model.gguf_file import is_gguf, open_gguf
+
+        if is_gguf(model_dir):
+            gguf = open_gguf(model_dir)
+            return cls(gguf.tokenizer(), gguf.add_bos, gguf.bos_token_id, frozenset(gguf.eos_token_ids))
         root = Path(model_dir)
         path = root / "tokenizer.json"
         if not path.is_file():

@@ -1,10 +1,13 @@
 """Serve the model repository with a real tritonserver until a signal drains and stops it.
 
-    batchlm-serve [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--log FILE]
+    batchlm-serve [--model PATH] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--log FILE]
                   [--drain-timeout 60] [--frontend-port 9000] [--frontend-host 127.0.0.1] [--no-frontend]
                   [--on-model-failure reload|exit|off]
                   [-- extra tritonserver arguments]
 
+`--model` serves another checkpoint (a llama GGUF file or a Hugging Face Llama folder) in every model of
+the repository instead of their `model_dir` (SmolLM2-135M-Instruct); it sets $BATCHLM_MODEL, which the
+models and the frontend read.
 Ports also come from HTTP_PORT, GRPC_PORT, METRICS_PORT, FRONTEND_PORT. `make serve` runs the set-up
 first. The server's log goes to this terminal, or with `--log` to that file.
 
@@ -35,7 +38,7 @@ import sys
 from pathlib import Path
 
 from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
-from batchlm.paths import DEFAULT_REPOSITORY
+from batchlm.paths import DEFAULT_REPOSITORY, MODEL_ENV
 from batchlm.server.triton_server import LOOPBACK, serve_until_signalled, with_model_control
 
 
@@ -43,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="batchlm-serve", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    ap.add_argument("--model", type=Path, default=None,
+                    help="checkpoint every model serves instead of its model_dir: a llama GGUF file or a HF folder")
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
@@ -64,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
                          "request in flight ends), or leave it to Triton (see docs/operations.md)")
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args(argv)
+    if args.model is not None:
+        if not args.model.exists():
+            ap.error(f"--model: no checkpoint at {args.model}")
+        os.environ[MODEL_ENV] = str(args.model.resolve())  # the server, its stubs and the frontend inherit it
     frontend = None
     if args.frontend_port and not args.no_frontend:
         frontend = FrontendProcess("", host=args.frontend_host, port=args.frontend_port)  # Triton's: at start

@@ -14,7 +14,7 @@ SERVING_KEYS = ("model_dir", "batch_size", "max_waiting", "cancellation_check_pe
 
 @dataclass(frozen=True)
 class ServingConfig:
-    model_dir: str  # checkpoint folder, absolute or relative to the project root
+    model_dir: str  # checkpoint: a HF folder or a GGUF file, absolute or relative to the project root
     batch_size: int  # static batching only: requests per batch
     max_waiting: int  # requests held before new ones are refused with UNAVAILABLE
     engine: EngineConfig  # everything else in `parameters`
@@ -37,7 +37,7 @@ class ServingConfig:
         """Parse string parameters; unknown keys and bad values raise naming the key."""
         rest = {k: v for k, v in params.items() if k not in SERVING_KEYS}
         return cls(
-            model_dir=params.get("model_dir", "models/default"),
+            model_dir=params.get("model_dir", "models/SmolLM2-135M-Instruct.Q4_1.gguf"),
             batch_size=positive_int(params, "batch_size", 8),
             max_waiting=positive_int(params, "max_waiting", 64),
             cancellation_check_period_ms=positive_int(params, "cancellation_check_period_ms", 100),

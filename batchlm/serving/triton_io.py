@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 
 from batchlm.engine.request_output import RequestOutput
 from batchlm.errors import InvalidArgument, TimedOut, Unavailable
-from batchlm.paths import PROJECT_ROOT
+from batchlm.paths import served_model
 from batchlm.serving.request_schema import INPUTS, GenerateRequest, check_parameters, parse_inputs
 from batchlm.serving.serving_config import ServingConfig
 
@@ -28,10 +28,11 @@ def parameters(config: dict) -> dict[str, str]:
 
 
 def resolve_model_dir(value: str) -> Path:
-    """A checkpoint folder: absolute, or relative to the project root (where `models/` lies)."""
-    path = Path(value)
-    path = path if path.is_absolute() else PROJECT_ROOT / path
-    if not (path / "config.json").exists():
+    """The checkpoint a model serves (batchlm.paths.served_model): a Hugging Face folder or a GGUF file."""
+    from batchlm.model.gguf_file import is_gguf
+
+    path = served_model(value)
+    if not (path.is_file() if is_gguf(path) else (path / "config.json").exists()):
         raise ValueError(f"parameter model_dir: no checkpoint at {path} (run `make setup`)")
     return path
 

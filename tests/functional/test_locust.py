@@ -191,7 +191,7 @@ def overload_repository(path: Path) -> Path:
     checkpoint = PROJECT_ROOT / "models" / "default"
     for config in path.glob("*/config.pbtxt"):
         waiting = "8" if config.parent.name == "static_batching" else "4"
-        text = config.read_text().replace('"models/default"', f'"{checkpoint}"')
+        text = config.read_text().replace('"models/tiny-random"', f'"{checkpoint}"')
         text = re.sub(r'(key: "max_waiting" value: \{ string_value: )"\d+"', rf'\1"{waiting}"', text)
         config.write_text(re.sub(r"max_queue_size: \d+", "max_queue_size: 4", text))
     return path

@@ -23,7 +23,7 @@ import requests
 
 from batchlm.frontend.chat_template import load_chat_template
 from batchlm.frontend.process import FrontendProcess
-from batchlm.paths import DEFAULT_MODEL_DIR, PROJECT_ROOT
+from batchlm.paths import TINY_MODEL_DIR, PROJECT_ROOT
 from batchlm.server.triton_server import free_port
 from client.triton_llm import LLMClient
 from tests.functional.conftest import is_alive, metric_reaches, metric_value, repository_api
@@ -59,7 +59,7 @@ def triton(server):
 
 
 def _chat_prompt(text: str) -> str:
-    return load_chat_template(DEFAULT_MODEL_DIR).render([{"role": "user", "content": text}])
+    return load_chat_template(TINY_MODEL_DIR).render([{"role": "user", "content": text}])
 
 
 def _reference(triton: LLMClient, prompt: str, tokens: int = TOKENS):

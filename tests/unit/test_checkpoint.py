@@ -177,8 +177,8 @@ def test_missing_tensor_is_named(small_dir, tmp_path):
         load_model(broken)
 
 
-def test_make_default_model_script_is_idempotent(tmp_path):
-    script = Path(__file__).resolve().parents[2] / "scripts" / "make_default_model.py"
+def test_make_tiny_model_script_is_idempotent(tmp_path):
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_model.py"
     out = tmp_path / "default"
 
     def run() -> str:

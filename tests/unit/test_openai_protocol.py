@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from batchlm.frontend import errors
 from batchlm.frontend.__main__ import parse_args
 from batchlm.frontend.chat_template import ChatTemplate, load_chat_template, plain_prompt
+from batchlm.paths import MODEL_ENV, TINY_MODEL_DIR
 from batchlm.frontend.errors import ApiError
 from batchlm.frontend.process import FrontendProcess
 from batchlm.frontend.protocol import (
@@ -200,10 +201,13 @@ def _config(batched: bool, decoupled: bool) -> dict:
     return config
 
 
-def test_model_info_reads_the_config_as_grpc_gives_it():
+def test_model_info_reads_the_config_as_grpc_gives_it(monkeypatch):
+    monkeypatch.delenv(MODEL_ENV)
     info = ModelInfo.from_config(_config(batched=True, decoupled=False))
     assert (info.batched, info.decoupled, info.model_dir) == (True, False, None)
     assert ModelInfo.from_config(_config(batched=False, decoupled=True)).decoupled
+    monkeypatch.setenv(MODEL_ENV, str(TINY_MODEL_DIR))  # batchlm-serve --model: it replaces model_dir
+    assert ModelInfo.from_config(_config(batched=True, decoupled=False)).model_dir == TINY_MODEL_DIR
 
 
 @pytest.mark.parametrize("batched, shape", [(False, [1]), (True, [1, 1])])

@@ -10,7 +10,7 @@ import pytest
 from batchlm.bench.peers import (EXTRA_HINT, PEERS, Peer, PeerRequest, agreement, checkpoint_digest,
                                  format_table, load_workload, missing_modules, parse_args, request_groups,
                                  skip_message, summarize, truncate)
-from batchlm.paths import DEFAULT_MODEL_DIR, PROJECT_ROOT
+from batchlm.paths import TINY_MODEL_DIR, PROJECT_ROOT
 
 
 def test_defaults_are_the_issue_workload_and_every_engine_in_order():
@@ -97,8 +97,8 @@ def test_a_workload_file_is_read_and_checked(tmp_path):
 
 
 def test_the_checkpoint_digest_is_stable_and_short():
-    assert checkpoint_digest(DEFAULT_MODEL_DIR) == checkpoint_digest(DEFAULT_MODEL_DIR)
-    assert len(checkpoint_digest(DEFAULT_MODEL_DIR)) == 16
+    assert checkpoint_digest(TINY_MODEL_DIR) == checkpoint_digest(TINY_MODEL_DIR)
+    assert len(checkpoint_digest(TINY_MODEL_DIR)) == 16
 
 
 def test_a_small_run_of_the_engine_and_ctranslate2_agrees_token_for_token(tmp_path):

@@ -27,7 +27,7 @@ from batchlm.engine.sampling import SamplingParams
 from batchlm.engine.sequence import FinishReason
 from batchlm.model.checkpoint import SafetensorsCheckpoint, write_default_checkpoint
 from batchlm.model.model_config import ModelConfig
-from batchlm.paths import DEFAULT_MODEL_DIR
+from batchlm.paths import TINY_MODEL_DIR
 from tests.unit.torch_threads import intra_op_threads
 
 PROMPT_LENGTHS = (5, 37, 120, 300)
@@ -60,7 +60,7 @@ def other_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module", params=["default", "gqa3_tied_llama3"])
 def checkpoint(request):
     if request.param == "default":
-        return DEFAULT_MODEL_DIR  # written by set-up (`make test` runs it first)
+        return TINY_MODEL_DIR  # written by set-up (`make test` runs it first)
     return request.getfixturevalue("other_checkpoint")
 
 

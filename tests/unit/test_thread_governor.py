@@ -105,9 +105,9 @@ os.sched_setaffinity(0, {CPUS})
 from batchlm.engine.engine import LLMEngine
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from batchlm.paths import DEFAULT_MODEL_DIR
+from batchlm.paths import TINY_MODEL_DIR
 
-engine = LLMEngine(DEFAULT_MODEL_DIR, EngineConfig(num_threads=2, max_num_seqs=4))
+engine = LLMEngine(TINY_MODEL_DIR, EngineConfig(num_threads=2, max_num_seqs=4))
 ids = iter(range(10**6))
 
 def step_until(want, limit_s):
@@ -157,10 +157,10 @@ import json
 from batchlm.engine.engine import LLMEngine
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from batchlm.paths import DEFAULT_MODEL_DIR
+from batchlm.paths import TINY_MODEL_DIR
 tokens = {}
 for threads in (1, 2):
-    engine = LLMEngine(DEFAULT_MODEL_DIR, EngineConfig(num_threads=threads, adaptive_threads=False))
+    engine = LLMEngine(TINY_MODEL_DIR, EngineConfig(num_threads=threads, adaptive_threads=False))
     outputs = engine.generate(["word " * (9 + 41 * i) for i in range(4)],
                               SamplingParams(max_tokens=48, ignore_eos=True))
     tokens[threads] = [list(out.token_ids) for out in outputs]
