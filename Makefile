@@ -5,6 +5,9 @@ METRICS_PORT ?= 8002
 # The OpenAI-compatible frontend next to Triton (127.0.0.1 only); FRONTEND_PORT=0 or NO_FRONTEND=1: none.
 FRONTEND_PORT ?= 9000
 NO_FRONTEND ?=
+# Another checkpoint for every model (a llama GGUF file or a Hugging Face Llama folder); empty: each
+# config.pbtxt's model_dir, SmolLM2-135M-Instruct.
+MODEL ?=
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
@@ -15,7 +18,7 @@ setup:
 
 serve: setup
 	.venv/bin/batchlm-serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
-		--frontend-port $(if $(NO_FRONTEND),0,$(FRONTEND_PORT))
+		--frontend-port $(if $(NO_FRONTEND),0,$(FRONTEND_PORT)) $(if $(MODEL),--model $(MODEL),)
 
 # The contract suite: unit tests and functional tests against a real tritonserver.
 test: setup

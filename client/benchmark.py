@@ -3,7 +3,8 @@
     config = BenchmarkConfig("continuous_batching", arrival=ArrivalSpec.closed_loop(32))
     run = Benchmark(config).run(build_requests(WorkloadSpec(num_requests=64)))
 
-Every request asks for exactly its length (`ignore_eos`, greedy). Models that stream are read as a
+Greedy; a synthetic workload's request asks for exactly its length (`ignore_eos`), a chat one ends
+at the model's EOS (batchlm.bench.workload). Models that stream are read as a
 stream (true TTFT and inter-token gaps); the others answer once, so their TTFT is their E2E.
 `protocol` picks the transport: "http" (default: `/generate`, and `/generate_stream` server-sent events
 when streaming), "grpc" (`ModelInfer`, and a `ModelStreamInfer` stream for decoupled models) or "infer"
@@ -262,7 +263,7 @@ class Benchmark:
         record = RequestRecord(request.index, request.prompt_tokens, request.max_tokens)
         start = time.perf_counter()
         record.sent_at = start - self._t0
-        options = dict(ignore_eos=True, temperature=0.0)
+        options = dict(ignore_eos=request.ignore_eos, temperature=0.0)
         ask = (self.config.protocol, self.config.model, request.prompt, request.max_tokens)
         try:
             if isinstance(llm, OpenAIClient):

@@ -45,10 +45,10 @@ from pathlib import Path
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from batchlm.bench.workload import WorkloadRequest, WorkloadSpec, build_requests
+from batchlm.bench.workload import OutputLengths, WorkloadRequest, make_spec, requests_of
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
-from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
+from batchlm.paths import DEFAULT_REPOSITORY, served_model
 from batchlm.server.triton_server import TritonServer, exit_cleanly_on_sigterm, free_port
 from batchlm.serving.serving_config import ServingConfig
 from client import comparison, plots
@@ -78,6 +78,9 @@ def parse_args() -> argparse.Namespace:
                         "multiple of 8)")
     p.add_argument("--repeats", type=int, default=3, help="saturation runs per strategy; the median counts")
     p.add_argument("--same-kv-seqs", type=int, default=64)
+    p.add_argument("--workload", choices=("chat", "synthetic"), default="chat",
+                   help="chat: the project's prompt set through the chat template, lengths decided by the model "
+                        "(default); synthetic: exponential lengths with EOS ignored (batchlm.bench.workload)")
     p.add_argument("--same-kv-requests", type=int,
                    help="saturation requests of the same-KV run (default: as many per slot as the others)")
     p.add_argument("--protocol", choices=(*STREAMING_PROTOCOLS, OPENAI_PROTOCOL), default="http",
@@ -94,12 +97,12 @@ class Comparison:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.out: Path = args.out
-        self.spec = WorkloadSpec(num_requests=args.num_requests)
-        self.requests = build_requests(self.spec)
-        self.open_requests = build_requests(WorkloadSpec(num_requests=args.num_open))
-        self.reference_requests = build_requests(WorkloadSpec(num_requests=args.num_reference))
+        self.spec = make_spec(args.workload, args.num_requests)
+        self.requests = requests_of(self.spec)
+        self.open_requests = requests_of(make_spec(args.workload, args.num_open))
+        self.reference_requests = requests_of(make_spec(args.workload, args.num_reference))
         same_kv = args.same_kv_requests or args.num_requests * args.same_kv_seqs // 8
-        self.same_kv_requests = build_requests(WorkloadSpec(num_requests=same_kv))
+        self.same_kv_requests = requests_of(make_spec(args.workload, same_kv))
         self.docs: dict[str, dict] = {}
 
     @contextlib.contextmanager
@@ -182,7 +185,8 @@ class Comparison:
                     from batchlm.bench.engine_baseline import engine_throughput  # NOTE: here: torch takes 3 s to import
 
                     with self._cpu():
-                        engine = engine_throughput(PROJECT_ROOT / "models/tiny-random",
+                        params = runs[CONT][0]["model_config"].get("parameters", {})
+                        engine = engine_throughput(served_model(params["model_dir"]["string_value"]),
                                                    self._engine_config(runs[CONT][0]), self.requests)
                     engines.append(engine)
                     print(f"engine in process, round {i + 1}: {engine['output_token_throughput']:.1f} tok/s "
@@ -229,9 +233,21 @@ class Comparison:
         print(f"{role_name}/saturation: median of {spread} output tok/s while saturated", flush=True)
         return median
 
+    def bound(self, engine: dict) -> tuple[float, str]:
+        """The step-count bound of continuous over request-level batching at 8, and where it comes from:
+        the synthetic spec's distribution, or the output lengths the engine produced for the chat workload
+        (greedy and batch-invariant, so every strategy produces the same lengths)."""
+        if self.spec.as_dict().get("kind") != "chat":
+            return self.spec.static_speedup_bound(8), "from the spec's distribution"
+        lengths = OutputLengths(tuple(engine["output_lengths"])).summary(8)
+        return lengths["step_bound_8"], (
+            f"from the output lengths the model produced ({lengths['requests']} requests: mean {lengths['mean']}, "
+            f"p50 {lengths['p50']}, p90 {lengths['p90']}, p99 {lengths['p99']}, max {lengths['max']} tokens)")
+
     def run(self) -> None:
-        print(f"workload {self.spec.as_dict()}; step-count bound at 8: "
-              f"{self.spec.static_speedup_bound(8):.2f}x", flush=True)
+        if self.spec.as_dict().get("kind") != "chat":
+            print(f"workload {self.spec.as_dict()}; step-count bound at 8: "
+                  f"{self.spec.static_speedup_bound(8):.2f}x", flush=True)
         saturation, engine = self.saturation_rounds()
         r_d = saturation[DYNAMIC]["summary"]["request_throughput"]
         common = {REFERENCE: 0.5 * r_d, "near-dynamic": 0.9 * r_d}
@@ -267,14 +283,15 @@ class Comparison:
         return "; ".join(names[u] for u in used)
 
     def report(self, engine: dict) -> None:
-        bound = self.spec.static_speedup_bound(8)
+        bound, bound_source = self.bound(engine)
         targets = comparison.targets(self.docs, REFERENCE, bound, engine)
         rows = [summary_row(d) for d in self.docs.values()]
         text = ("# Measured comparison: static vs dynamic vs continuous batching\n\n"
                 f"Workload: {self.spec.as_dict()} (saturation runs; the same-KV run takes the first "
                 f"{len(self.same_kv_requests)} requests of this seeded spec, as many per sequence slot), "
                 f"first {self.args.num_open} requests of it for open-loop points ({self.args.num_reference} "
-                f"at 0.5x dynamic batching's saturation rate). Step-count bound at 8 sequences: {bound:.2f}x. "
+                f"at 0.5x dynamic batching's saturation rate). Step-count bound at 8 sequences: {bound:.2f}x, "
+                f"{bound_source}. "
                 "Throughput at saturation is measured while requests were waiting (the server's generated-"
                 "token counter, up to the last timeline sample with a request waiting); the whole closed-"
                 "loop run, drain included, is given beside it. Client transport: "

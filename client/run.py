@@ -11,8 +11,10 @@ Against a running server (--http/--grpc/--metrics), or `--start-server` to bring
 this model loaded, from the repository or, with --set, from a copy of its folder whose config.pbtxt
 has those fields changed. `--protocol openai` sends the requests to an OpenAI-compatible server's
 /v1/completions instead (`--openai-url`; with --start-server, a frontend started next to the server).
-The workload is batchlm.bench.workload.WorkloadSpec, seeded; its flags default to
-the spec's defaults.
+The workload (batchlm.bench.workload) is seeded: `--workload chat` (default) sends the project's prompt set
+through the model's chat template and lets the model end each answer (capped at --output-cap), then
+prints the output lengths it produced and the step-count bound computed from them; `--workload
+synthetic` draws prompt and output lengths (the other workload flags) and ignores EOS.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from batchlm.bench.workload import WorkloadSpec, build_requests
+from batchlm.bench.workload import ChatWorkloadSpec, OutputLengths, WorkloadSpec, requests_of
 from batchlm.paths import DEFAULT_REPOSITORY
 from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
 from batchlm.server.triton_server import exit_cleanly_on_sigterm, free_port
@@ -74,6 +76,9 @@ def parse_args() -> argparse.Namespace:
     workload = p.add_argument_group("workload (batchlm.bench.workload.WorkloadSpec; --output-min equal to --output-cap "
                                     "gives every request exactly that many tokens)")
     defaults = WorkloadSpec()
+    workload.add_argument("--workload", choices=("chat", "synthetic"), default="chat",
+                          help="chat: the project's prompts, lengths the model decides (capped at --output-cap); "
+                               "synthetic: the flags below")
     workload.add_argument("--prompt-tokens-min", type=int, default=defaults.prompt_tokens_min,
                           help="prompt length, uniform in [min, max] tokens")
     workload.add_argument("--prompt-tokens-max", type=int, default=defaults.prompt_tokens_max)
@@ -92,10 +97,13 @@ def parse_args() -> argparse.Namespace:
         p.error(f"--stream: --protocol {args.protocol} cannot stream; use one of "
                 f"{', '.join((*STREAMING_PROTOCOLS, OPENAI_PROTOCOL))}")
     try:
-        args.spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests,
-                                 prompt_tokens_min=args.prompt_tokens_min, prompt_tokens_max=args.prompt_tokens_max,
-                                 output_mean=args.output_mean, output_cap=args.output_cap,
-                                 output_min=args.output_min)
+        if args.workload == "chat":
+            args.spec = ChatWorkloadSpec(seed=args.seed, num_requests=args.num_requests, max_tokens=args.output_cap)
+        else:
+            args.spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests,
+                                     prompt_tokens_min=args.prompt_tokens_min, prompt_tokens_max=args.prompt_tokens_max,
+                                     output_mean=args.output_mean, output_cap=args.output_cap,
+                                     output_min=args.output_min)
         args.arrival = ArrivalSpec.open_loop(args.rate, args.burstiness, args.seed) if args.rate is not None \
             else ArrivalSpec.closed_loop(args.concurrency)
     except ValueError as exc:  # the specs' own checks: rate, burstiness, concurrency, the workload's lengths
@@ -159,15 +167,18 @@ def main() -> None:
         config = BenchmarkConfig(args.model, args.http, args.grpc, args.metrics, arrival,
                                  slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot), stream=args.stream,
                                  protocol=args.protocol, openai_url=args.openai_url)
-        print(f"{args.model}: {arrival.label}, {spec.num_requests} requests; step-count bound of "
-              f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
+        if isinstance(spec, WorkloadSpec):
+            print(f"{args.model}: {arrival.label}, {spec.num_requests} requests; step-count bound of "
+                  f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
+        else:
+            print(f"{args.model}: {arrival.label}, {spec.num_requests} chat requests (lengths the model's)")
         with contextlib.closing(LLMClient(args.http, args.grpc)) as probe:
             probe.model_config(args.model)  # NOTE: an unreachable server is reported as such, not as no metrics
         problem = metrics_problem(args.metrics, args.model)
         if problem is not None:
             print(f"warning: {problem}: this run has no metrics timeline and no saturated throughput",
                   file=sys.stderr)
-        doc = measure(config, build_requests(spec), spec.as_dict())
+        doc = measure(config, requests_of(spec), spec.as_dict())
     except UnmeasurableModel as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -190,6 +201,11 @@ def main() -> None:
     write_run(doc, args.out, stem)
     print(markdown_table([summary_row(doc)]))
     print(json.dumps(doc["summary"]["failures"]) if doc["summary"]["failures"] else "no failures")
+    answered = [r["num_output_tokens"] for r in doc["requests"] if not r.get("error")]
+    if answered:
+        lengths = OutputLengths(tuple(answered)).summary(8)
+        print(f"output lengths: mean {lengths['mean']}, p50 {lengths['p50']}, p90 {lengths['p90']}, p99 "
+              f"{lengths['p99']}, max {lengths['max']}; step-count bound at 8: {lengths['step_bound_8']:.2f}x")
     print(f"wrote {args.out / stem}.json and .md")
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the TensorRT-LLM engine that the `tensorrt_llm` model serves, from a Hugging Face Llama checkpoint.
 
-    python3 scripts/build_trtllm_engine.py [--model-dir models/tiny-random] [--out engines/trtllm] [--dtype float16]
+    python3 scripts/build_trtllm_engine.py [--model-dir models/SmolLM2-135M-Instruct] [--out engines/trtllm] [--dtype float16]
                                            [--tp-size 1] [--pp-size 1] [--max-num-tokens 2048]
     python3 scripts/build_trtllm_engine.py --dry-run      # print the plan; needs no TensorRT-LLM and no GPU
 
@@ -142,7 +142,7 @@ def main() -> int:
     if sys.argv[1:2] == ["convert"]:
         return convert(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-dir", type=Path, default=ROOT / "models" / "default")
+    ap.add_argument("--model-dir", type=Path, default=ROOT / "models" / "SmolLM2-135M-Instruct")
     ap.add_argument("--out", type=Path, default=ROOT / "engines" / "trtllm")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     ap.add_argument("--tp-size", type=int, default=1, help="tensor-parallel size: GPUs that share each layer")
@@ -167,7 +167,8 @@ def main() -> int:
         print(json.dumps(plan, indent=2))
         return 0
     if not (model_dir / "config.json").is_file():
-        raise SystemExit(f"no Hugging Face checkpoint at {model_dir} (run `make setup` for the default model)")
+        raise SystemExit(f"no Hugging Face checkpoint at {model_dir} (the default model's: "
+                         "`.venv/bin/python scripts/install_default_model.py --hf-export models/SmolLM2-135M-Instruct`)")
     try:  # NOTE: read, not imported: this process holds no GPU memory while the steps run
         version = importlib.metadata.version("tensorrt_llm")
     except importlib.metadata.PackageNotFoundError:

@@ -145,7 +145,7 @@ def main() -> int:
     ap.add_argument("--trtllm-python", default=os.environ.get("TRTLLM_PYTHON", "/usr/bin/python3"))
     ap.add_argument("--rebuild", action="store_true", help="build the engine even if one exists")
     ap.add_argument("--model-dir",
-                    help="the engine's checkpoint (build_trtllm_engine.py's default: models/tiny-random)")
+                    help="the engine's checkpoint (build_trtllm_engine.py's default: models/SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", help="the engine's dtype (build_trtllm_engine.py's default: float16)")
     ap.add_argument("--max-num-tokens", type=int, help="tokens in one engine step at most (default 2048)")
     ap.add_argument("--tp-size", type=int, default=1, help="the engine's tensor-parallel size (GPUs per layer)")

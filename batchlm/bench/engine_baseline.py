@@ -30,11 +30,15 @@ def run_to_completion(engine: LLMEngine, requests: list[WorkloadRequest]) -> dic
     engine.generate(["warm up"], SamplingParams(max_tokens=8, ignore_eos=True))
     start = time.perf_counter()
     for r in requests:
-        engine.add_request(f"r{r.index}", r.prompt, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
+        engine.add_request(f"r{r.index}", r.prompt, SamplingParams(max_tokens=r.max_tokens, ignore_eos=r.ignore_eos))
     tokens = steps = 0
     saturated = None
+    lengths = {}
     while engine.has_unfinished():
-        tokens += sum(len(out.token_ids) for out in engine.step())
+        for out in engine.step():
+            tokens += len(out.token_ids)
+            if out.finished:
+                lengths[out.request_id] = out.num_output_tokens
         steps += 1
         if saturated is None and engine.stats().num_waiting == 0:
             duration = time.perf_counter() - start
@@ -43,4 +47,4 @@ def run_to_completion(engine: LLMEngine, requests: list[WorkloadRequest]) -> dic
     elapsed = time.perf_counter() - start
     return {"output_tokens": tokens, "duration_s": elapsed, "steps": steps,
             "output_token_throughput": tokens / elapsed, "request_throughput": len(requests) / elapsed,
-            "saturated": saturated}
+            "saturated": saturated, "output_lengths": [lengths[f"r{r.index}"] for r in requests]}

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from batchlm.errors import InvalidArgument
 
@@ -235,7 +234,7 @@ class GGUFWeights(Mapping):
                 raise InvalidArgument(name, f"tensor not part of a {ARCHITECTURE} model")
             self._names[hf_name] = name
 
-    def __getitem__(self, hf_name: str) -> torch.Tensor:
+    def __getitem__(self, hf_name: str) -> "torch.Tensor":  # noqa: F821 - torch is imported where a tensor is made
         if hf_name not in self._names:
             raise KeyError(f"tensor {hf_name!r} missing from {self._file.path.name}")
         import gguf
@@ -249,6 +248,8 @@ class GGUFWeights(Mapping):
         proj = hf_name.rsplit(".", 2)[-2]
         if proj in self._heads:
             values = _unpermute_rope_rows(values, self._heads[proj])
+        import torch  # NOTE: here, not at the top: the tokenizer and config readers (Locust users) need no torch
+
         return torch.from_numpy(np.ascontiguousarray(values))
 
     def __iter__(self) -> Iterator[str]:
@@ -478,4 +479,47 @@ def write_gguf(model_dir: str | Path, out: str | Path, tensor_type: Callable[[st
     w.write_tensors_to_file()
     w.close()
     os.replace(tmp, out)
+    return out
+
+
+def export_hf(path: str | Path, out_dir: str | Path) -> Path:
+    """Write the GGUF file at `path` as a Hugging Face Llama folder: config.json, model.safetensors (the
+    weights as this package loads them: dequantized to float32), tokenizer.json, tokenizer_config.json,
+    chat_template.jinja and generation_config.json. For tools that read only that layout (TensorRT-LLM's
+    checkpoint conversion). Kept as it is when its manifest names this file's size and time."""
+    import json
+
+    from safetensors.torch import save_file
+
+    gguf = open_gguf(path)
+    out = Path(out_dir)
+    stat = gguf.path.stat()
+    stamp = {"source": gguf.path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    manifest = out / "batchlm_export.json"
+    if manifest.is_file() and json.loads(manifest.read_text()) == stamp:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    config = {**gguf.hf_config, "torch_dtype": "float32"}
+    config["eos_token_id"] = config["eos_token_id"][0] if len(config["eos_token_id"]) == 1 else config["eos_token_id"]
+    bos, eos = gguf.special_token(gguf.bos_token_id), gguf.special_token(gguf.eos_token_ids[0])
+    files = {
+        "config.json": config,
+        "generation_config.json": {"bos_token_id": gguf.bos_token_id, "eos_token_id": config["eos_token_id"]},
+        "tokenizer_config.json": {"add_bos_token": gguf.add_bos, "add_eos_token": False, "bos_token": bos,
+                                  "eos_token": eos, "clean_up_tokenization_spaces": False,
+                                  "model_max_length": config["max_position_embeddings"],
+                                  "tokenizer_class": "PreTrainedTokenizerFast"},
+    }
+    for name, data in files.items():
+        (out / name).write_text(json.dumps(data, indent=2) + "\n")
+    (out / "tokenizer.json").write_text(gguf.tokenizer().to_str(pretty=True))
+    if gguf.chat_template:
+        (out / "chat_template.jinja").write_text(gguf.chat_template)
+    weights = gguf.weights()
+    tensors = {name: weights[name].contiguous() for name in weights}
+    tmp = out / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out / "model.safetensors")
+    manifest.write_text(json.dumps(stamp) + "\n")
     return out

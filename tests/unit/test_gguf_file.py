@@ -224,3 +224,24 @@ def test_the_default_model_reads_as_smollm2_135m_instruct():
     assert ids[0] == 1 and ids[-1] == 2  # control tokens are matched whole
     assert tok.encode("2024") == [tok.hf.token_to_id(d) for d in "2024"]  # smollm splits digits one by one
     assert "<|im_start|>assistant" in file.chat_template
+
+
+def test_a_gguf_file_exported_as_a_hugging_face_folder_loads_the_same(small, tmp_path):
+    """What the TensorRT-LLM build converts: the same weights, tokenizer and chat template as the file."""
+    from batchlm.frontend.chat_template import load_chat_template
+    from batchlm.model.gguf_file import export_hf
+
+    _, files = small
+    folder = export_hf(files["Q4_1"], tmp_path / "hf")
+    ref = load_model(files["Q4_1"], attention="torch", linear="onednn", pointwise="torch").state_dict()
+    got = load_model(folder, attention="torch", linear="onednn", pointwise="torch").state_dict()
+    assert all(torch.equal(ref[name], got[name]) for name in ref)
+    assert ModelConfig.from_dir(folder) == ModelConfig.from_dir(files["Q4_1"])
+    tok_ref, tok_got = Tokenizer.from_dir(files["Q4_1"]), Tokenizer.from_dir(folder)
+    assert (tok_got.add_bos, tok_got.eos_token_ids) == (tok_ref.add_bos, tok_ref.eos_token_ids)
+    assert all(tok_got.encode(t) == tok_ref.encode(t) for t in TEXTS)
+    messages = [{"role": "user", "content": "Hi"}]
+    assert load_chat_template(folder).render(messages) == load_chat_template(files["Q4_1"]).render(messages)
+    mtime = (folder / "model.safetensors").stat().st_mtime_ns
+    export_hf(files["Q4_1"], folder)  # current: kept
+    assert (folder / "model.safetensors").stat().st_mtime_ns == mtime

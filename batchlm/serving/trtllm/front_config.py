@@ -10,7 +10,7 @@ from batchlm.serving.serving_config import positive_int
 
 @dataclass(frozen=True)
 class TrtllmFrontConfig:
-    model_dir: str = "models/tiny-random"  # tokenizer (and checkpoint the engine was built from)
+    model_dir: str = "models/SmolLM2-135M-Instruct"  # tokenizer (and checkpoint the engine was built from)
     backend_model: str = "tensorrt_llm"  # the Triton model that runs the TensorRT-LLM engine
     # requests in flight (queued in or running on the engine) beyond this are refused with UNAVAILABLE;
     # each holds one thread of this model
