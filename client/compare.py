@@ -9,20 +9,19 @@ OpenAI-compatible frontend started next to every run's server.
 Every run gets its own tritonserver (free ports, only that model loaded, so strategies never share the
 CPU), warmed up, and the same seeded workload (batchlm.bench.workload defaults):
 1. saturation, in --repeats (3) interleaved rounds: each round runs dynamic, static and continuous
-   batching closed loop at --concurrency (32) on --num-requests (128), then the engine in process (no
+   batching closed loop at --concurrency (32) on --num-requests (64), then the engine in process (no
    Triton) on the same requests, then continuous batching with the same KV memory (512 blocks x 16
-   tokens) but --same-kv-seqs (64) sequences in flight, closed loop at 64 on as many requests per
-   sequence slot as the others (128 / 8 = 16, so 1024: with 128 its 64 slots drained for half of the
-   run). The median run of each counts. This VM's speed drifts by up to 2x over tens of minutes, and
-   not on every strategy alike (docs/benchmarking.md, "Noise on small machines"); interleaved, a slow phase falls on
-   every strategy instead of on whichever ran in it. Every
-   strategy answers each request once (stream=false), so all send the same responses and the
-   throughput compares scheduling alone;
+   tokens) but --same-kv-seqs (64) sequences in flight, closed loop at 64 on --same-kv-requests (twice
+   --num-requests: each of its slots serves two requests or more). The median run of each counts.
+   This VM's speed drifts by up to 2x over tens of minutes, and not on every strategy alike
+   (docs/benchmarking.md, "Noise on small machines"); interleaved, a slow phase falls on every strategy
+   instead of on whichever ran in it. Every strategy answers each request once (stream=false), so all
+   send the same responses and the throughput compares scheduling alone;
 2. per strategy, on one server: continuous batching also streamed at saturation (a response per token,
    what per-token responses cost on this machine), and an open-loop Poisson sweep at the same absolute
    rates for every strategy: 0.5x and 0.9x dynamic batching's saturation rate, plus 0.9x continuous
-   batching's own, --num-open (48) requests each, and --num-reference (96) at 0.5x, the point the
-   latency targets read (a p50 over 48 requests moved the p50 ratio from 0.43 to 0.69 between runs);
+   batching's own, --num-open (24) requests each, and --num-reference (32) at 0.5x, the point the
+   latency targets read (the more requests there, the steadier the p50: raise it where time allows);
 3. variants written into the results folder (never into model_repository/): static and dynamic with
    pad_finished_rows=false, one saturation run each.
 Throughput at saturation is read while the server had requests waiting (the timeline's
@@ -71,9 +70,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("results/compare"))
     p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--num-requests", type=int, default=128, help="per saturation run (multiple of 8)")
-    p.add_argument("--num-open", type=int, default=48, help="per open-loop point (multiple of 8)")
-    p.add_argument("--num-reference", type=int, default=96,
+    p.add_argument("--num-requests", type=int, default=64, help="per saturation run (multiple of 8)")
+    p.add_argument("--num-open", type=int, default=24, help="per open-loop point (multiple of 8)")
+    p.add_argument("--num-reference", type=int, default=32,
                    help="at the open-loop point of the latency targets (0.5x dynamic's saturation rate; "
                         "multiple of 8)")
     p.add_argument("--repeats", type=int, default=3, help="saturation runs per strategy; the median counts")
@@ -82,7 +81,7 @@ def parse_args() -> argparse.Namespace:
                    help="chat: the project's prompt set through the chat template, lengths decided by the model "
                         "(default); synthetic: exponential lengths with EOS ignored (batchlm.bench.workload)")
     p.add_argument("--same-kv-requests", type=int,
-                   help="saturation requests of the same-KV run (default: as many per slot as the others)")
+                   help="saturation requests of the same-KV run (default: twice --num-requests)")
     p.add_argument("--protocol", choices=(*STREAMING_PROTOCOLS, OPENAI_PROTOCOL), default="http",
                    help="the benchmark client's transport (client.benchmark; default: http); openai: every "
                         "run through an OpenAI-compatible frontend started next to its server")
@@ -101,7 +100,7 @@ class Comparison:
         self.requests = requests_of(self.spec)
         self.open_requests = requests_of(make_spec(args.workload, args.num_open))
         self.reference_requests = requests_of(make_spec(args.workload, args.num_reference))
-        same_kv = args.same_kv_requests or args.num_requests * args.same_kv_seqs // 8
+        same_kv = args.same_kv_requests or args.num_requests * 2
         self.same_kv_requests = requests_of(make_spec(args.workload, same_kv))
         self.docs: dict[str, dict] = {}
 
@@ -288,7 +287,7 @@ class Comparison:
         rows = [summary_row(d) for d in self.docs.values()]
         text = ("# Measured comparison: static vs dynamic vs continuous batching\n\n"
                 f"Workload: {self.spec.as_dict()} (saturation runs; the same-KV run takes the first "
-                f"{len(self.same_kv_requests)} requests of this seeded spec, as many per sequence slot), "
+                f"{len(self.same_kv_requests)} requests of this seeded spec), "
                 f"first {self.args.num_open} requests of it for open-loop points ({self.args.num_reference} "
                 f"at 0.5x dynamic batching's saturation rate). Step-count bound at 8 sequences: {bound:.2f}x, "
                 f"{bound_source}. "

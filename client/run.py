@@ -97,13 +97,13 @@ def parse_args() -> argparse.Namespace:
         p.error(f"--stream: --protocol {args.protocol} cannot stream; use one of "
                 f"{', '.join((*STREAMING_PROTOCOLS, OPENAI_PROTOCOL))}")
     try:
+        # NOTE: the synthetic flags are checked whichever workload runs, so a bad one never passes unseen
+        args.spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests,
+                                 prompt_tokens_min=args.prompt_tokens_min, prompt_tokens_max=args.prompt_tokens_max,
+                                 output_mean=args.output_mean, output_cap=args.output_cap,
+                                 output_min=args.output_min)
         if args.workload == "chat":
             args.spec = ChatWorkloadSpec(seed=args.seed, num_requests=args.num_requests, max_tokens=args.output_cap)
-        else:
-            args.spec = WorkloadSpec(seed=args.seed, num_requests=args.num_requests,
-                                     prompt_tokens_min=args.prompt_tokens_min, prompt_tokens_max=args.prompt_tokens_max,
-                                     output_mean=args.output_mean, output_cap=args.output_cap,
-                                     output_min=args.output_min)
         args.arrival = ArrivalSpec.open_loop(args.rate, args.burstiness, args.seed) if args.rate is not None \
             else ArrivalSpec.closed_loop(args.concurrency)
     except ValueError as exc:  # the specs' own checks: rate, burstiness, concurrency, the workload's lengths

@@ -62,7 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grpc", help="a running server's gRPC address (host:port)")
     p.add_argument("--server-pid", type=int, help="with --http: tritonserver's pid, for its resources")
     p.add_argument("--max-failures", type=int, default=0)
-    p.add_argument("--max-p99-drift", type=float, default=1.5)
+    p.add_argument("--max-p99-drift", type=float, default=1.5,
+                   help="bound on the E2E p99 drift; 0: reported, not bounded (a latency ratio that depends on "
+                        "the CPU and what else runs on it)")
     p.add_argument("--max-rss-growth-mib", type=float, default=64.0)
     p.add_argument("--max-fd-growth", type=int, default=16)
     p.add_argument("--max-thread-growth", type=int, default=16)
@@ -203,7 +205,7 @@ def check(report: dict, args: argparse.Namespace) -> list[str]:
             broken.append(f"{model}: {m['failures']} failed requests {m['failure_kinds']}")
         if m["requests"] == 0:
             broken.append(f"{model}: no request completed")
-        if m["p99_drift"] is not None and m["p99_drift"] > args.max_p99_drift:
+        if args.max_p99_drift and m["p99_drift"] is not None and m["p99_drift"] > args.max_p99_drift:
             broken.append(f"{model}: E2E p99 drifted x{m['p99_drift']:.2f} (bound x{args.max_p99_drift})")
     g = report["growth"]
     for key, bound in (("rss_mib", args.max_rss_growth_mib), ("fds", args.max_fd_growth),

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Build the TensorRT-LLM engine that the `tensorrt_llm` model serves, from a Hugging Face Llama checkpoint.
 
-    python3 scripts/build_trtllm_engine.py [--model-dir models/SmolLM2-135M-Instruct] [--out engines/trtllm] [--dtype float16]
-                                           [--tp-size 1] [--pp-size 1] [--max-num-tokens 2048]
+    python3 scripts/build_trtllm_engine.py [--model-dir models/SmolLM2-135M-Instruct] [--out engines/trtllm]
+                                           [--dtype float16] [--tp-size 1] [--pp-size 1] [--max-num-tokens 2048]
     python3 scripts/build_trtllm_engine.py --dry-run      # print the plan; needs no TensorRT-LLM and no GPU
 
 GPU only: run it with the interpreter that has `tensorrt_llm` (the system python3 of NGC's
@@ -167,8 +167,8 @@ def main() -> int:
         print(json.dumps(plan, indent=2))
         return 0
     if not (model_dir / "config.json").is_file():
-        raise SystemExit(f"no Hugging Face checkpoint at {model_dir} (the default model's: "
-                         "`.venv/bin/python scripts/install_default_model.py --hf-export models/SmolLM2-135M-Instruct`)")
+        raise SystemExit(f"no Hugging Face checkpoint at {model_dir} (the default model's: `.venv/bin/python "
+                         "scripts/install_default_model.py --hf-export models/SmolLM2-135M-Instruct`)")
     try:  # NOTE: read, not imported: this process holds no GPU memory while the steps run
         version = importlib.metadata.version("tensorrt_llm")
     except importlib.metadata.PackageNotFoundError:

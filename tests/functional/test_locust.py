@@ -188,7 +188,7 @@ def overload_repository(path: Path) -> Path:
     """A copy of the model repository that overloads at a few users: static and continuous admit 8
     and 4 waiting requests, dynamic batching queues 4. model_dir is made absolute."""
     shutil.copytree(PROJECT_ROOT / "model_repository", path, ignore=shutil.ignore_patterns("__pycache__"))
-    checkpoint = PROJECT_ROOT / "models" / "default"
+    checkpoint = PROJECT_ROOT / "models" / "tiny-random"
     for config in path.glob("*/config.pbtxt"):
         waiting = "8" if config.parent.name == "static_batching" else "4"
         text = config.read_text().replace('"models/tiny-random"', f'"{checkpoint}"')

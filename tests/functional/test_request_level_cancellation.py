@@ -114,7 +114,7 @@ PROMPTS = [f"Row {i} of the batch" for i in range(ROWS)]
 def alone():
     """Each prompt's greedy text from the engine in process (batched: its rows do not change each other's
     text, tests/functional/test_schema_and_equality.py)."""
-    engine = LLMEngine(ROOT / "models" / "default", EngineConfig(num_threads=1))
+    engine = LLMEngine(ROOT / "models" / "tiny-random", EngineConfig(num_threads=1))
     return [out.text for out in engine.generate(PROMPTS, SamplingParams(max_tokens=LENGTH, ignore_eos=True))]
 
 

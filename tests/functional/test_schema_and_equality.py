@@ -56,7 +56,7 @@ def _generate(server, model, prompt, max_tokens, infer=False):
 @pytest.fixture(scope="module")
 def engine():
     """The engine in this process, on the checkpoint the server loads: what each request gives alone."""
-    return LLMEngine(ROOT / "models" / "default", EngineConfig(num_threads=1))
+    return LLMEngine(ROOT / "models" / "tiny-random", EngineConfig(num_threads=1))
 
 
 _ALONE: dict = {}  # (prompt, params) -> output: each model's test asks for the same references

@@ -36,7 +36,7 @@ def test_answers_over_http_and_grpc(llm, name):
     grpc = llm.infer_grpc(name, "The quick brown fox", max_tokens=6, ignore_eos=True)
     assert http.num_output_tokens == grpc.num_output_tokens == 6
     assert http.finish_reason == grpc.finish_reason == "length"
-    prompt_ids = Tokenizer.from_dir(PROJECT_ROOT / "models" / "default").encode("The quick brown fox")
+    prompt_ids = Tokenizer.from_dir(PROJECT_ROOT / "models" / "tiny-random").encode("The quick brown fox")
     assert http.num_input_tokens == grpc.num_input_tokens == len(prompt_ids)  # BOS and the prompt's tokens
     assert http.text == grpc.text and http.text
 

@@ -64,7 +64,7 @@ def trt_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference():
     """The engine in process: what the stand-in's greedy text must be."""
-    engine = LLMEngine(ROOT / "models" / "default", EngineConfig(num_threads=1))
+    engine = LLMEngine(ROOT / "models" / "tiny-random", EngineConfig(num_threads=1))
 
     def text(prompt: str, max_tokens: int) -> str:
         return engine.generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))[0].text

@@ -30,7 +30,8 @@ def test_chat_requests_go_through_the_chat_template_and_end_at_eos():
     assert all(r.prompt in texts and not r.ignore_eos and r.max_tokens == 256 for r in requests)
     assert len({r.prompt for r in requests[:len(texts)]}) == len(texts)  # every prompt once before any repeats
     assert requests == build_chat_requests(spec, DEFAULT_MODEL)  # seeded
-    assert [r.prompt for r in requests] != [r.prompt for r in build_chat_requests(ChatWorkloadSpec(seed=2), DEFAULT_MODEL)]
+    other_seed = build_chat_requests(ChatWorkloadSpec(seed=2), DEFAULT_MODEL)
+    assert [r.prompt for r in requests] != [r.prompt for r in other_seed]
     assert make_spec("chat", 5) == ChatWorkloadSpec(num_requests=5)
     assert make_spec("synthetic", 5) == WorkloadSpec(num_requests=5)
     with pytest.raises(ValueError, match="chat or synthetic"):
