@@ -9,6 +9,7 @@ Served (each against a real tritonserver; most can start their own with --start-
     locust-table     Locust's stats CSV files as one markdown table
     contention       what a busy process beside the server costs, in process and served
     soak             Locust at saturation against every model at once; failures, p99 drift, server resources
+    memory           resident memory of every process of a served repository, and its start-up time
 In process (the engine alone, no server):
     engine           engine throughput per batch size (`make bench-engine`)
     forward          one forward pass per batch size: where a step's time goes (--profile, --interfere)
@@ -38,6 +39,7 @@ SUBCOMMANDS = {
     "locust-table": "client.locust_table",
     "contention": "client.contention",
     "soak": "client.soak",
+    "memory": "client.memory",
     "engine": "batchlm.bench.engine",
     "forward": "batchlm.bench.forward",
     "attention": "batchlm.bench.attention",

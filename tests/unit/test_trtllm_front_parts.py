@@ -240,3 +240,18 @@ def test_the_build_plan_names_the_checkpoint_by_its_contents(tmp_path):
     assert first is not None and plan(tmp_path) == first
     (tmp_path / "model.safetensors").write_bytes(b"other weights")
     assert plan(tmp_path) != first
+
+
+def test_the_engine_is_built_from_the_default_models_hugging_face_export():
+    """The GPU path serves the same model as the CPU one: the build converts the folder that
+    `scripts/install_default_model.py --hf-export` writes from the default GGUF file (as the image does at
+    build time), and the front reads its tokenizer there; nothing is downloaded."""
+    plan = json.loads(subprocess.run([sys.executable, str(ROOT / "scripts" / "build_trtllm_engine.py"), "--dry-run"],
+                                     check=True, capture_output=True, text=True).stdout)
+    export = "models/SmolLM2-135M-Instruct"
+    assert plan["model_dir"] == str(ROOT / export)
+    assert TrtllmFrontConfig().model_dir == export
+    front = {k: v.string_value for k, v in load("continuous_batching_trtllm").parameters.items()}
+    assert front["model_dir"] == export
+    image = (ROOT / "docker" / "trtllm" / "Dockerfile").read_text()
+    assert f"scripts/install_default_model.py --hf-export {export}" in image
