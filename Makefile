@@ -41,7 +41,8 @@ bench-peers: setup
 	.venv/bin/pip install -q -e '.[peers]'
 	.venv/bin/batchlm-bench peers $(PEERS_ARGS)
 
-# The measured comparison of the three strategies (25 to 40 min on 2 cores): results/compare/, and the
+# The measured comparison of the three strategies on the chat workload (about an hour on 2 cores;
+# COMPARE_ARGS="--repeats 1": 33 min): results/compare/, and the
 # table and plots copied to docs/results/. COMPARE_ARGS="--lock-file /tmp/x.lock" to share the CPU.
 compare: setup
 	.venv/bin/batchlm-bench compare --out results/compare --publish docs/results $(COMPARE_ARGS)

@@ -122,6 +122,9 @@ def seed_table(docs: dict[str, dict], reference: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+BOUND_SHARE = 0.9  # of the step-count bound, the throughput ratios' target
+
+
 def targets(docs: dict[str, dict], reference: str, bound: float, engine: dict) -> list[dict]:
     """Each performance target: what it asks, the measured value, and whether it holds."""
     static, dyn, cont = (docs[f"{n}/saturation"] for n in STRATEGIES)
@@ -129,11 +132,14 @@ def targets(docs: dict[str, dict], reference: str, bound: float, engine: dict) -
     streamed = docs.get("continuous_batching_streamed/saturation")
     ref_c, ref_d = docs[f"continuous_batching/{reference}"], docs[f"dynamic_batching/{reference}"]
     sat, r = saturated_tok, _ratio
+    # NOTE: the step-count bound is the most continuous batching can gain when every step costs the same;
+    # on a CPU a wider step costs more, so the target is a share of the bound, whatever the workload
+    share = round(BOUND_SHARE * bound, 2)
     rows = [  # what, measured (while saturated), whole run, limit, op
-        ("continuous / static output tok/s at saturation, 8 seqs each, one response per request",
-         r(sat(cont), sat(static)), r(_tok(cont), _tok(static)), 2.3, ">="),
-        ("continuous / dynamic output tok/s at saturation, 8 seqs each, one response per request",
-         r(sat(cont), sat(dyn)), r(_tok(cont), _tok(dyn)), 2.3, ">="),
+        (f"continuous / static output tok/s at saturation, 8 seqs each, one response per request "
+         f"({BOUND_SHARE} x the bound)", r(sat(cont), sat(static)), r(_tok(cont), _tok(static)), share, ">="),
+        (f"continuous / dynamic output tok/s at saturation, 8 seqs each, one response per request "
+         f"({BOUND_SHARE} x the bound)", r(sat(cont), sat(dyn)), r(_tok(cont), _tok(dyn)), share, ">="),
         ("step-count bound E[longest of 8] / E[mean] of the workload", bound, None, None, ""),
         ("continuous (same KV memory) / static output tok/s at saturation", r(sat(same_kv), sat(static)),
          r(_tok(same_kv), _tok(static)), 5.0, ">="),

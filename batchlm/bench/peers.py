@@ -9,7 +9,8 @@ lengths exponential with mean 128 capped at 512, all arriving at t=0, greedy, EO
 produces exactly its length). `--workload FILE` replaces it with a JSON list of
 {"prompt_ids": [...], "max_tokens": N}. Every engine gets the same prompts as token ids (BOS included, as
 the project's tokenizer encodes them), the same per-request output lengths, float32 weights from the same
-checkpoint and 2 intra-op threads (`--threads`), at most 8 sequences at a time (`--max-num-seqs`):
+checkpoint (the default model's GGUF file, dequantized: `--model-dir`) and 2 intra-op threads
+(`--threads`), at most 8 sequences at a time (`--max-num-seqs`):
 - batchlm:   the project's LLMEngine, EngineConfig(max_num_seqs=8) otherwise default (adaptive threads
              included), built and stepped on one thread (batchlm.engine.owner_thread); continuous batching.
 - hf-cb:     transformers' ContinuousBatchingManager (what `model.generate_batch` runs), paged KV cache,
@@ -66,7 +67,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from batchlm.bench.workload import WorkloadSpec, build_requests
-from batchlm.paths import TINY_MODEL_DIR, PROJECT_ROOT
+from batchlm.model.gguf_file import export_hf, is_gguf
+from batchlm.paths import DEFAULT_MODEL, PROJECT_ROOT
 
 EXTRA_HINT = "pip install -e '.[peers]'"
 CACHE_DIR = PROJECT_ROOT / ".cache" / "peers"
@@ -644,7 +646,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hf-attention", default="sdpa", help="hf-cb's attention: sdpa or paged|eager")
     p.add_argument("--llama-flash-attn", choices=sorted(LLAMA_FLASH_ATTN), default="off",
                    help="llama.cpp's flash attention (its default is auto, i.e. on; on CPU it computes in F16)")
-    p.add_argument("--model-dir", type=Path, default=TINY_MODEL_DIR)
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL,
+                   help="a Hugging Face Llama folder, or a llama GGUF file (default: the default model's), which is "
+                        "written once as a Hugging Face folder (float32) into .cache/peers/ for the peers to read")
     p.add_argument("--out", type=Path, default=Path("results/peers"), help="where peers.json and peers.md go")
     p.add_argument("--case-timeout", type=int, default=3600, help="seconds one engine may take")
     p.add_argument("--case", choices=sorted(PEERS), help=argparse.SUPPRESS)  # one engine, in this process
@@ -672,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.case:
         run_one_case(args)
         return 0
+    if is_gguf(args.model_dir):  # NOTE: transformers and CTranslate2 read a folder; every engine gets this one
+        args.model_dir = export_hf(args.model_dir, CACHE_DIR / f"hf-{args.model_dir.stem}")
     requests = load_workload(args.workload) if args.workload else seeded_workload(args)
     workload = ({"file": str(args.workload)} if args.workload else {"spec": workload_spec(args).as_dict()})
     workload.update(num_requests=len(requests), prompt_tokens=sum(len(r.prompt_ids) for r in requests),

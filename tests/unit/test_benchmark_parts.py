@@ -360,4 +360,4 @@ def test_the_report_says_what_it_could_not_measure_instead_of_crashing():
     assert static_ratio["measured"] is None and static_ratio["holds"] is False
     assert found["continuous / dynamic p50 E2E"]["measured"] is None
     assert found["continuous / dynamic output tok/s"]["measured"] == 1.0
-    assert "| - | - | >= 2.3 | NO |" in targets_table([static_ratio])
+    assert "| - | - | >= 2.34 | NO |" in targets_table([static_ratio])  # 0.9 x the bound, 2.6
