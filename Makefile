@@ -35,8 +35,9 @@ bench-engine: setup
 	.venv/bin/batchlm-bench engine
 
 # The engine next to transformers (continuous batching and generate), CTranslate2 and llama.cpp on one
-# seeded workload (~4 min on 2 cores): results/peers/. Installs the `peers` extra first (llama-cpp-python
-# compiles from source the first time, ~5.5 min). PEERS_ARGS="--engines batchlm,ct2" to run fewer.
+# seeded workload, on the default model (~30 min on 2 cores; PEERS_ARGS="--num-requests 32": ~16 min):
+# results/peers/. Installs the `peers` extra first (llama-cpp-python compiles from source the first time,
+# ~5.5 min). PEERS_ARGS="--engines batchlm,ct2" to run fewer.
 bench-peers: setup
 	.venv/bin/pip install -q -e '.[peers]'
 	.venv/bin/batchlm-bench peers $(PEERS_ARGS)
