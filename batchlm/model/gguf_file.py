@@ -38,6 +38,7 @@ PRE_TOKENIZERS: dict[str, tuple[str | None, bool]] = {
     "llama3": (_LLAMA3_SPLIT, False), "llama-v3": (_LLAMA3_SPLIT, False), "llama-bpe": (_LLAMA3_SPLIT, False),
     "smaug-bpe": (_LLAMA3_SPLIT, False),
 }
+ROPE_FREQS = "rope_freqs.weight"  # not a weight of the model: its RoPE's per-frequency divisors
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types (tokenizer.ggml.token_type)
 _REQUIRED = object()
 
@@ -97,8 +98,6 @@ class GGUFFile:
                                   f"{rope_dim}: only RoPE over the whole head ({head_dim}) is supported")
         if int(self._arch("attention.value_length", head_dim)) != head_dim:
             raise InvalidArgument(f"{ARCHITECTURE}.attention.value_length", "must equal the key length")
-        if "rope_freqs.weight" in self._tensors:
-            raise InvalidArgument("rope_freqs.weight", "per-frequency RoPE factors are not supported")
         if int(self._arch("expert_count", 0)):
             raise InvalidArgument(f"{ARCHITECTURE}.expert_count", "mixture-of-experts models are not supported")
         tokens = self.metadata("tokenizer.ggml.tokens")
@@ -115,12 +114,22 @@ class GGUFFile:
             "max_position_embeddings": int(self._arch("context_length")),
             "rope_theta": float(self._arch("rope.freq_base", 10000.0)),
             "rope_scaling": self._rope_scaling(),
+            "rope_freq_factors": self._rope_freq_factors(),
             "rms_norm_eps": float(self._arch("attention.layer_norm_rms_epsilon")),
             "tie_word_embeddings": "output.weight" not in self._tensors,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_ids),
             "hidden_act": "silu",
         }
+
+    def _rope_freq_factors(self) -> list[float] | None:
+        """llama.cpp's converter writes llama3 RoPE scaling as a tensor of per-frequency divisors."""
+        tensor = self._tensors.get(ROPE_FREQS)
+        if tensor is None:
+            return None
+        if tensor.type_name != "F32":
+            raise InvalidArgument(ROPE_FREQS, f"must be F32, got {tensor.type_name}")
+        return self.tensor_bytes(tensor).view(np.float32).reshape(-1).astype(float).tolist()
 
     def _rope_scaling(self) -> dict | None:
         kind = self._arch("rope.scaling.type", "none")
@@ -229,6 +238,8 @@ class GGUFWeights(Mapping):
         self._heads = {"q_proj": cfg["num_attention_heads"], "k_proj": cfg["num_key_value_heads"]}
         self._names: dict[str, str] = {}
         for name in file._tensors:
+            if name == ROPE_FREQS:  # read into the config (hf_config's rope_freq_factors)
+                continue
             hf_name = _hf_name(name)
             if hf_name is None:
                 raise InvalidArgument(name, f"tensor not part of a {ARCHITECTURE} model")
@@ -413,8 +424,9 @@ def write_gguf(model_dir: str | Path, out: str | Path, tensor_type: Callable[[st
 
     root, out = Path(model_dir), Path(out)
     config = json.loads((root / "config.json").read_text())
-    if config.get("model_type") != "llama" or config.get("rope_scaling"):
-        raise ValueError("write_gguf handles plain Llama checkpoints (no RoPE scaling) only")
+    scaling = config.get("rope_scaling") or {}
+    if config.get("model_type") != "llama" or scaling.get("rope_type", scaling.get("type", "llama3")) != "llama3":
+        raise ValueError("write_gguf handles Llama checkpoints with no RoPE scaling or llama3's only")
     tok = json.loads((root / "tokenizer.json").read_text())
     if tok["model"]["type"] != "BPE":
         raise ValueError(f"write_gguf handles BPE tokenizers only, not {tok['model']['type']}")
@@ -456,6 +468,15 @@ def write_gguf(model_dir: str | Path, out: str | Path, tensor_type: Callable[[st
     template = load_chat_template(root).source
     if template:
         w.add_chat_template(template)
+    if scaling:  # NOTE: as llama.cpp's converter writes llama3 scaling: the divisor of each frequency
+        from dataclasses import replace
+
+        from batchlm.model.model_config import ModelConfig
+        from batchlm.model.rope import rope_inv_freq
+
+        scaled = ModelConfig.from_hf_dict(config)
+        factors = rope_inv_freq(replace(scaled, rope_scaling=None)) / rope_inv_freq(scaled)
+        w.add_tensor(ROPE_FREQS, factors.numpy().astype(np.float32))
     weights = SafetensorsCheckpoint(root)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     if not config.get("tie_word_embeddings"):
@@ -492,6 +513,8 @@ def export_hf(path: str | Path, out_dir: str | Path) -> Path:
     from safetensors.torch import save_file
 
     gguf = open_gguf(path)
+    if gguf.hf_config["rope_freq_factors"] is not None:
+        raise InvalidArgument(ROPE_FREQS, "per-frequency RoPE factors have no Hugging Face config form to export")
     out = Path(out_dir)
     stat = gguf.path.stat()
     stamp = {"source": gguf.path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
@@ -499,7 +522,8 @@ def export_hf(path: str | Path, out_dir: str | Path) -> Path:
     if manifest.is_file() and json.loads(manifest.read_text()) == stamp:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    config = {**gguf.hf_config, "torch_dtype": "float32"}
+    config = {k: v for k, v in gguf.hf_config.items() if k != "rope_freq_factors"}
+    config["torch_dtype"] = "float32"
     config["eos_token_id"] = config["eos_token_id"][0] if len(config["eos_token_id"]) == 1 else config["eos_token_id"]
     bos, eos = gguf.special_token(gguf.bos_token_id), gguf.special_token(gguf.eos_token_ids[0])
     files = {

@@ -33,6 +33,9 @@ class ModelConfig:
     bos_token_id: int | None = None  # begin-of-sequence token, if the model has one
     eos_token_ids: tuple[int, ...] = ()  # any of these ends generation
     rope_scaling: tuple[tuple[str, Any], ...] | None = None  # HF rope_scaling dict as sorted items (hashable)
+    # Divisors of the RoPE inverse frequencies, one per pair of a head's dimensions: a GGUF file's
+    # `rope_freqs.weight`, the form llama.cpp's converter gives llama3 scaling (config key `rope_freq_factors`)
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -49,6 +52,11 @@ class ModelConfig:
             raise InvalidArgument("rope_theta", f"must be positive, got {self.rope_theta}")
         if self.rms_norm_eps <= 0:
             raise InvalidArgument("rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
+        if self.rope_freq_factors is not None:
+            if len(self.rope_freq_factors) != self.head_dim // 2 or not all(f > 0 for f in self.rope_freq_factors):
+                raise InvalidArgument("rope_freq_factors", f"must be {self.head_dim // 2} positive numbers")
+            if self.rope_scaling is not None:
+                raise InvalidArgument("rope_freq_factors", "cannot be combined with rope_scaling")
         if self.rope_scaling is not None:
             kind = dict(self.rope_scaling).get("rope_type", dict(self.rope_scaling).get("type"))
             if kind not in _SUPPORTED_ROPE_SCALING:
@@ -122,6 +130,8 @@ class ModelConfig:
             bos_token_id=_optional_int(raw, "bos_token_id"),
             eos_token_ids=token_ids(raw.get("eos_token_id"), "eos_token_id"),
             rope_scaling=tuple(sorted(scaling.items())) if scaling else None,
+            rope_freq_factors=(tuple(float(x) for x in raw["rope_freq_factors"])
+                               if raw.get("rope_freq_factors") is not None else None),
         )
 
 

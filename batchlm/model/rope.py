@@ -44,9 +44,12 @@ def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies (hd/2,) float64, with HF "linear" or "llama3" scaling when configured."""
+    """Inverse frequencies (hd/2,) float64, with HF "linear" or "llama3" scaling, or divided by per-frequency
+    factors (a GGUF file's llama3 scaling), when configured."""
     hd = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))  # (hd/2,)
+    if config.rope_freq_factors is not None:
+        return inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float64)
     if config.rope_scaling is None:
         return inv_freq
     scaling = dict(config.rope_scaling)

@@ -245,3 +245,25 @@ def test_a_gguf_file_exported_as_a_hugging_face_folder_loads_the_same(small, tmp
     mtime = (folder / "model.safetensors").stat().st_mtime_ns
     export_hf(files["Q4_1"], folder)  # current: kept
     assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_llama3_rope_scaling_comes_as_per_frequency_factors_and_rotates_as_the_folder(tmp_path):
+    """llama.cpp's converter writes llama3 RoPE scaling as `rope_freqs.weight` (Llama 3.1 and 3.2 files):
+    read into the config, the RoPE tables equal the folder's llama3 ones to float32 rounding."""
+    from batchlm.model.gguf_file import export_hf
+    from batchlm.model.rope import RotaryEmbedding, rope_inv_freq
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    folder = write_default_checkpoint(tmp_path / "hf", seed=4, rope_scaling=scaling, **SIZE)
+    file = write_gguf(folder, tmp_path / "llama3.gguf")
+    assert "rope_freqs.weight" in read_header(file)[1]
+    ref, got = ModelConfig.from_dir(folder), ModelConfig.from_dir(file)
+    assert got.rope_scaling is None and len(got.rope_freq_factors) == SIZE["head_dim"] // 2
+    assert max(got.rope_freq_factors) == pytest.approx(8.0) and min(got.rope_freq_factors) == pytest.approx(1.0)
+    torch.testing.assert_close(rope_inv_freq(got), rope_inv_freq(ref), rtol=1e-6, atol=0)
+    torch.testing.assert_close(RotaryEmbedding(got).cos, RotaryEmbedding(ref).cos, rtol=0, atol=1e-5)
+    model = load_model(file, attention="torch", linear="onednn", pointwise="torch")  # the factors are no weight
+    assert model.config == got
+    with pytest.raises(InvalidArgument, match="rope_freqs.weight"):
+        export_hf(file, tmp_path / "export")
