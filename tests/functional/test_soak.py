@@ -1,8 +1,8 @@
 """A 60-second soak against the shared server: Locust at saturation on all three models at once (three
 transports), no failed request, and the server's memory, descriptors and threads flat within the bounds
-`batchlm-bench soak` checks. The E2E p99 drift is reported, not bounded here: it is a latency ratio that
-moves with the CPU and what else runs on it (a minute on 2 shared cores drifted past x1.5 with nothing
-leaking). The long run is `batchlm-bench soak`, which bounds it (docs/operations.md, "Reliability")."""
+`batchlm-bench soak` checks. The E2E p99 drift is reported, not bounded here: over one minute it is a
+latency ratio that moves with the CPU and what else runs on it. The long run is `batchlm-bench soak`,
+which bounds it (docs/operations.md, "Reliability")."""
 
 import json
 import subprocess
