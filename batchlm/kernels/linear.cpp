@@ -28,8 +28,8 @@
 //   bfloat16: acc = 0; for j in 0 .. K2-1: acc = vdpbf16ps(acc, x pair j, W pair j) (k = 2j+1, then 2j, as
 //             the instruction defines); out = acc rounded to bfloat16 once (nearest even)
 // So a row's bits do not depend on what else is in the call: batch-invariant bit for bit. (oneDNN's
-// down_proj, K = 1408, does not have this on the AMD EPYC of session 15: a row alone differs from the
-// same row among others, in float32 and in bfloat16.)
+// matmul does not promise this: its blocking can depend on the row count, so on some CPUs and shapes a
+// row alone differs from the same row among others, in float32 and in bfloat16.)
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

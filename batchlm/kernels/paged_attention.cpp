@@ -85,9 +85,8 @@ constexpr int64_t kPrefetchBlocks = PREFETCH_BLOCKS;
 
 // Ask for the cache lines of n elements from p on, into L2 (a hint: no effect on results). Into L2 rather than
 // L1: a sequence's values are asked for during its score pass and read after it, 48 KB at a 190-token
-// context, more than L1 holds. Measured in session 16 (a decode step's attention over 8 layers, caches
-// flushed between layers as the weights flush them, 40 sequences at ~190 tokens): 3.9 ms against 4.6 ms
-// with prefetches into L1 two blocks ahead; at 8 sequences 0.95 against 1.2 ms.
+// context, more than L1 holds, so lines prefetched into L1 are evicted before they are read
+// (`batchlm-bench attention` times a decode step's attention).
 template <typename T>
 inline void prefetch(const T* p, int64_t n) {
   const char* c = reinterpret_cast<const char*>(p);

@@ -138,6 +138,40 @@ class IncrementalDetokenizer:
         return piece
 
 
+def chat_template_of(model_dir: str | Path) -> tuple[str | None, str, str]:
+    """(template source or None, BOS token text, EOS token text) of the checkpoint at `model_dir`: a GGUF
+    file's `tokenizer.chat_template`; in a Hugging Face folder `chat_template.jinja` (where transformers 5
+    saves it) or tokenizer_config.json's `chat_template` (a list of named ones: "default")."""
+    from batchlm.model.gguf_file import is_gguf, open_gguf
+
+    if is_gguf(model_dir):
+        try:
+            gguf = open_gguf(model_dir)
+        except ValueError:
+            return None, "", ""
+        eos = gguf.eos_token_ids[0] if gguf.eos_token_ids else None
+        return gguf.chat_template, gguf.special_token(gguf.bos_token_id) or "", gguf.special_token(eos) or ""
+    root = Path(model_dir)
+    try:
+        config = json.loads((root / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    source = config.get("chat_template")
+    if (root / "chat_template.jinja").is_file():
+        source = (root / "chat_template.jinja").read_text()
+    if isinstance(source, list):
+        source = next((t.get("template") for t in source if t.get("name") == "default"), None)
+    if not isinstance(source, str) or not source:
+        source = None
+    return source, _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
+
+
+def _token_text(value) -> str:
+    if isinstance(value, dict):  # older tokenizer_config.json: {"content": "<s>", ...}
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 

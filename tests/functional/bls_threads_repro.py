@@ -24,8 +24,8 @@ the stub's routing map, and the map lets go on the stub's message thread, withou
 let go first (here: as soon as `sum` returns), the iterator and its responses' numpy arrays are freed
 on that thread while Python threads run.
 --noise makes Python let go first every time: a caller thread logs without pause, and each call's
-cleanup waits behind those log round trips in the stub's one queue. Session 19, 16 in flight: the
-caller's stub died after 64 and 29 of 1,600 requests, and in 4 of 6 shorter runs (320 and 480 requests).
+cleanup waits behind those log round trips in the stub's one queue. With 16 in flight the
+caller's stub has died after 64 and 29 of 1,600 requests, and in 4 of 6 shorter runs (320 and 480 requests).
 --remedy makes each caller thread ask `is_cancelled()` (a round trip through the same queue) before it
 lets go, so the stub has let go already: 1,600 of 1,600 answered with --noise. The front does the same
 with a `BlsReaper` (batchlm/serving/trtllm/bls_reaper.py).

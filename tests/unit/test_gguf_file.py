@@ -15,7 +15,8 @@ import torch
 
 from batchlm.errors import InvalidArgument
 from batchlm.model.checkpoint import SafetensorsCheckpoint, load_model, write_default_checkpoint
-from batchlm.model.gguf_file import SUPPORTED_TYPES, is_gguf, open_gguf, read_header, write_gguf
+from batchlm.model.gguf_export import write_gguf
+from batchlm.model.gguf_file import SUPPORTED_TYPES, is_gguf, open_gguf, read_header
 from batchlm.model.model_config import ModelConfig
 from batchlm.model.tokenizer import Tokenizer
 from batchlm.paths import DEFAULT_MODEL
@@ -229,7 +230,7 @@ def test_the_default_model_reads_as_smollm2_135m_instruct():
 def test_a_gguf_file_exported_as_a_hugging_face_folder_loads_the_same(small, tmp_path):
     """What the TensorRT-LLM build converts: the same weights, tokenizer and chat template as the file."""
     from batchlm.frontend.chat_template import load_chat_template
-    from batchlm.model.gguf_file import export_hf
+    from batchlm.model.gguf_export import export_hf
 
     _, files = small
     folder = export_hf(files["Q4_1"], tmp_path / "hf")
@@ -250,7 +251,7 @@ def test_a_gguf_file_exported_as_a_hugging_face_folder_loads_the_same(small, tmp
 def test_llama3_rope_scaling_comes_as_per_frequency_factors_and_rotates_as_the_folder(tmp_path):
     """llama.cpp's converter writes llama3 RoPE scaling as `rope_freqs.weight` (Llama 3.1 and 3.2 files):
     read into the config, the RoPE tables equal the folder's llama3 ones to float32 rounding."""
-    from batchlm.model.gguf_file import export_hf
+    from batchlm.model.gguf_export import export_hf
     from batchlm.model.rope import RotaryEmbedding, rope_inv_freq
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
