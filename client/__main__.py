@@ -1,7 +1,7 @@
-"""`python -m client ...`: see client/cli.py."""
+"""`python -m batchlm_client ...`: see client/cli.py."""
 
 import sys
 
-from client.cli import main
+from batchlm_client.cli import main
 
 sys.exit(main())

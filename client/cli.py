@@ -25,7 +25,7 @@ import time
 
 import requests
 
-from client.triton_llm import PROTOCOLS, LLMClient, RequestFailed, Result, collect, unreachable
+from batchlm_client.triton_llm import PROTOCOLS, LLMClient, RequestFailed, Result, collect, unreachable
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

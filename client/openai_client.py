@@ -21,10 +21,10 @@ import time
 
 import requests
 
-from client.triton_llm import RequestFailed, Result
+from batchlm_client.triton_llm import RequestFailed, Result
 
 # The protocol value that sends the benchmark's requests to an OpenAI-compatible server. Kept out of
-# client.triton_llm.PROTOCOLS: those reach Triton itself, and the tests loop over them.
+# batchlm_client.triton_llm.PROTOCOLS: those reach Triton itself, and the tests loop over them.
 OPENAI_PROTOCOL = "openai"
 DEFAULT_OPENAI_URL = "http://127.0.0.1:9000/v1"
 

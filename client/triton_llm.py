@@ -183,7 +183,7 @@ class LLMClient:
         the checkpoint the model's config names (batchlm.frontend.chat_template, as the OpenAI route
         renders it), where this machine can read that checkpoint; else with the plain template."""
         from batchlm.frontend.chat_template import load_chat_template
-        from batchlm.frontend.triton_backend import ModelInfo
+        from batchlm.frontend.triton_client import ModelInfo
 
         return load_chat_template(ModelInfo.from_config(self.model_config(model, via)).model_dir).render(messages)
 

@@ -24,7 +24,7 @@ import common  # noqa: E402 - after gevent is initialised
 import tritonclient.grpc as grpcclient  # noqa: E402 - after gevent is initialised
 from tritonclient.utils import InferenceServerException  # noqa: E402 - after gevent is initialised
 
-from client.triton_llm import chunk_from_grpc, grpc_inputs, grpc_model_config  # noqa: E402 - after gevent is initialised
+from batchlm_client.triton_llm import chunk_from_grpc, grpc_inputs, grpc_model_config  # noqa: E402 - after gevent is initialised
 
 
 class TritonGrpcStreamUser(User):

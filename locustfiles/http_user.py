@@ -22,7 +22,7 @@ import common
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 
-from client.triton_llm import (
+from batchlm_client.triton_llm import (
     LLMClient,
     RequestFailed,
     chunk_from_infer_json,

@@ -78,7 +78,7 @@ ready_s=$((SECONDS - start))
 checks="$(run_in .venv/bin/python - <<'PY' || true
 import time
 import requests
-from client.triton_llm import LLMClient
+from batchlm_client.triton_llm import LLMClient
 
 llm = LLMClient("127.0.0.1:8000", "127.0.0.1:8001", timeout=120)
 M, PROMPT = "continuous_batching_trtllm", "Once upon a time"

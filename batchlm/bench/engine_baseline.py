@@ -2,7 +2,7 @@
 
 Every request is queued at once (saturation) and the engine is stepped until all finish; this is
 the ceiling that serving through Triton is compared with (same EngineConfig, same requests). As for
-a served run (client.metrics_timeline.saturated_window), `saturated` counts the tokens and time up to
+a served run (batchlm.bench.served.metrics_timeline.saturated_window), `saturated` counts the tokens and time up to
 the step that admits the last waiting request: the drain after it is not saturation.
 """
 

@@ -4,7 +4,7 @@
 
 `GET /v1/models`, `POST /v1/completions` and `POST /v1/chat/completions` (streamed as server-sent events
 with `stream: true`) become requests of the shared request schema, sent to Triton over one asyncio gRPC
-channel (`triton_backend.py`). Modules: `protocol.py` (OpenAI requests -> schema fields),
+channel (`triton_client.py`). Modules: `protocol.py` (OpenAI requests -> schema fields),
 `responses.py` (OpenAI response and chunk shapes), `errors.py` (OpenAI's error JSON; Triton's errors
 mapped), `validation.py` (a refused body -> a 400 naming the parameter), `chat_template.py` (messages
 -> prompt), `app.py` (the FastAPI app), `process.py` (the child process that `batchlm-serve` starts).

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from batchlm.frontend.triton_backend import SERVABLE_MODELS
+from batchlm.frontend.triton_client import SERVABLE_MODELS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -38,7 +38,7 @@ from batchlm.frontend.protocol import (
     completion_request,
 )
 from batchlm.frontend.responses import DONE, Envelope, Usage, sse
-from batchlm.frontend.triton_backend import (
+from batchlm.frontend.triton_client import (
     SERVABLE_MODELS,
     ModelInfo,
     Piece,

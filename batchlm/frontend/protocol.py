@@ -1,6 +1,6 @@
 """OpenAI's request bodies (pydantic) and their mapping onto the shared request schema.
 
-The schema (batchlm/serving/request_schema.py) has `text_input`, `max_tokens`, `temperature`, `top_k`,
+The schema (batchlm/backend/request_schema.py) has `text_input`, `max_tokens`, `temperature`, `top_k`,
 `top_p`, `seed`, `stop`, `ignore_eos` and `stream`. OpenAI's parameters map onto them one to one;
 `top_k` and `ignore_eos` are extensions. A parameter left out is left out of the request too, so the
 model's default applies (greedy: `temperature` 0), except `max_tokens`, which the schema requires:

@@ -28,7 +28,7 @@ cleanup waits behind those log round trips in the stub's one queue. With 16 in f
 caller's stub has died after 64 and 29 of 1,600 requests, and in 4 of 6 shorter runs (320 and 480 requests).
 --remedy makes each caller thread ask `is_cancelled()` (a round trip through the same queue) before it
 lets go, so the stub has let go already: 1,600 of 1,600 answered with --noise. The front does the same
-with a `BlsReaper` (batchlm/serving/trtllm/bls_reaper.py).
+with a `BlsReaper` (batchlm/backend/trtllm/bls_reaper.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from batchlm.server.triton_server import TritonServer, free_port
+from batchlm.launcher.triton_server import TritonServer, free_port
 
 CALLEE_CONFIG = """name: "callee"
 backend: "python"

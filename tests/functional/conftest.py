@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from batchlm.server.triton_server import TritonServer, free_port
-from batchlm.serving.instance_claim import process_alive
-from client.triton_llm import LLMClient
+from batchlm.launcher.triton_server import TritonServer, free_port
+from batchlm.backend.instance_claim import process_alive
+from batchlm_client.triton_llm import LLMClient
 
 
 @pytest.fixture(scope="session")

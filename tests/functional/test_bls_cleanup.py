@@ -1,4 +1,4 @@
-"""The premise of `batchlm.serving.trtllm.bls_reaper`, on this project's real tritonserver: a cancellation
+"""The premise of `batchlm.backend.trtllm.bls_reaper`, on this project's real tritonserver: a cancellation
 check made after a decoupled BLS call has ended is answered only after the stub has let go of the
 call's iterator, so Python's share, dropped after that answer, is the last one and is freed under
 the GIL.

@@ -7,7 +7,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from client.triton_llm import LLMClient, grpc_inputs, request_fields
+from batchlm_client.triton_llm import LLMClient, grpc_inputs, request_fields
 from tests.functional.conftest import metric_reaches, metric_value, repository_api
 
 MODEL = "continuous_batching"

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from client.triton_llm import LLMClient, RequestFailed
+from batchlm_client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import metric_value
 
 MODEL = "dynamic_batching"

@@ -23,8 +23,8 @@ import requests
 
 from batchlm.model.tokenizer import Tokenizer
 from batchlm.paths import TINY_MODEL_DIR
-from batchlm.serving.request_schema import MAX_PROMPT_BYTES
-from client.triton_llm import LLMClient, collect
+from batchlm.backend.request_schema import MAX_PROMPT_BYTES
+from batchlm_client.triton_llm import LLMClient, collect
 
 MODEL = "continuous_batching"
 

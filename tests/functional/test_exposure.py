@@ -13,9 +13,9 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from batchlm.server import argv_secret, triton_server
-from batchlm.server.triton_server import TritonServer, free_port
-from client.triton_llm import LLMClient
+from batchlm.launcher import argv_secret, triton_server
+from batchlm.launcher.triton_server import TritonServer, free_port
+from batchlm_client.triton_llm import LLMClient
 
 ADMIN_ROUTES = [  # (method, path) of each restricted HTTP API
     ("POST", "/v2/repository/index"),

@@ -20,7 +20,7 @@ import time
 import pytest
 import requests
 
-from batchlm.server.triton_server import TritonServer, free_port
+from batchlm.launcher.triton_server import TritonServer, free_port
 from tests.functional.conftest import is_alive
 
 MODEL = "dynamic_batching"

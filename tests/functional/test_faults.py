@@ -1,5 +1,5 @@
 """No request is left unanswered when something on a model's serving path raises. With the model's
-`fault_injection` parameter (batchlm.serving.fault_injection; off as shipped) each fault point raises
+`fault_injection` parameter (batchlm.backend.fault_injection; off as shipped) each fault point raises
 once, and the test shows which requests fail, with what, and that the model goes on serving; a dead
 engine thread (continuous_batching's, static_batching's worker) fails every held and later request at
 once until the model is reloaded. One load per model (each load adds seconds to `make test`);
@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from client.triton_llm import LLMClient, RequestFailed
+from batchlm_client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import metric_reaches, reload_from_repository, repository_api
 
 MODELS = ("continuous_batching", "dynamic_batching", "static_batching")

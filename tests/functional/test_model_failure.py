@@ -1,5 +1,5 @@
 """A model that can no longer serve while tritonserver still calls it ready: its stub process killed, or
-its serving thread stopped. The serve command's supervisor (batchlm/server/supervisor.py) finds both;
+its serving thread stopped. The serve command's supervisor (batchlm/launcher/supervisor.py) finds both;
 `--on-model-failure reload` reloads that model alone while the others go on serving, `exit` stops the
 server at once so that no request is left waiting on a dead stub."""
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import requests
 
 from batchlm.paths import PROJECT_ROOT
-from batchlm.server.supervisor import ModelSupervisor
-from batchlm.server.triton_server import EXIT_MODEL_FAILED, free_port, process_tree
-from batchlm.serving.instance_claim import clear_claims
-from client.triton_llm import LLMClient, RequestFailed
+from batchlm.launcher.supervisor import ModelSupervisor
+from batchlm.launcher.triton_server import EXIT_MODEL_FAILED, free_port, process_tree
+from batchlm.backend.instance_claim import clear_claims
+from batchlm_client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import is_alive, metric_reaches, metric_value, repository_api
 
 MODEL = "continuous_batching"

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from batchlm.bench.workload import WorkloadRequest
-from batchlm.server.triton_server import TritonServer, free_port
-from client.arrivals import ArrivalSpec
-from client.benchmark import Benchmark, BenchmarkConfig, UnmeasurableModel
-from client.cli import main as cli_main
-from client.triton_llm import LLMClient, RequestFailed
+from batchlm.launcher.triton_server import TritonServer, free_port
+from batchlm.bench.served.arrivals import ArrivalSpec
+from batchlm.bench.served.benchmark import Benchmark, BenchmarkConfig, UnmeasurableModel
+from batchlm_client.cli import main as cli_main
+from batchlm_client.triton_llm import LLMClient, RequestFailed
 
 MODEL = "text_only"
 

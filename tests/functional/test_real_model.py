@@ -19,8 +19,8 @@ import pytest
 
 from batchlm.frontend.process import FrontendProcess
 from batchlm.paths import DEFAULT_MODEL, MODEL_ENV
-from batchlm.server.triton_server import TritonServer, free_port
-from client.triton_llm import LLMClient, collect
+from batchlm.launcher.triton_server import TritonServer, free_port
+from batchlm_client.triton_llm import LLMClient, collect
 from tests.functional.conftest import is_alive
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")

@@ -1,7 +1,7 @@
 """static_batching and dynamic_batching: a running batch whose clients cancelled ends early; in every
 model, one cancelled request leaves and harms no other.
 
-Before `batchlm.serving.cancel_poll`, such a batch ran to its longest row: 8 rows x 900 tokens, many
+Before `batchlm.backend.cancel_poll`, such a batch ran to its longest row: 8 rows x 900 tokens, many
 seconds of CPU for answers nobody would read, with dynamic batching's next batch waiting behind it.
 """
 
@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 from batchlm.engine.engine import LLMEngine
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from client.triton_llm import LLMClient, chunk_from_grpc, grpc_inputs, request_fields
+from batchlm_client.triton_llm import LLMClient, chunk_from_grpc, grpc_inputs, request_fields
 from tests.functional.conftest import metric_reaches, metric_value
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ def test_one_cancelled_request_leaves_and_the_others_get_their_whole_answers(ser
     finally:
         for i, c in enumerate(clients):
             # NOTE: cancel only what is still running: cancelling a stream whose request had ended left
-            # tritonserver 2.51 holding the model (client.triton_llm.LLMClient.stream_grpc)
+            # tritonserver 2.51 holding the model (batchlm_client.triton_llm.LLMClient.stream_grpc)
             c.stop_stream(cancel_requests=not answers[i])
             c.close()
     answers = got

@@ -10,7 +10,7 @@ import requests
 from batchlm.engine.engine import LLMEngine
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
+from batchlm_client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 ROOT = Path(__file__).resolve().parents[2]

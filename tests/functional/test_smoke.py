@@ -16,9 +16,9 @@ import requests
 
 from batchlm.model.tokenizer import Tokenizer
 from batchlm.paths import PROJECT_ROOT
-from batchlm.server.triton_server import free_port, process_tree
-from batchlm.serving.instance_claim import clear_claims, default_folder
-from client.triton_llm import LLMClient, RequestFailed
+from batchlm.launcher.triton_server import free_port, process_tree
+from batchlm.backend.instance_claim import clear_claims, default_folder
+from batchlm_client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import held_by_http_connections, is_alive, metric_reaches
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")

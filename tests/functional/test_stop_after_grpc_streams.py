@@ -21,9 +21,9 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from batchlm.server.triton_server import TritonServer, free_port
-from client.benchmark import _quiet_grpc_waits
-from client.triton_llm import LLMClient, collect
+from batchlm.launcher.triton_server import TritonServer, free_port
+from batchlm.bench.served.benchmark import _quiet_grpc_waits
+from batchlm_client.triton_llm import LLMClient, collect
 from tests.functional.conftest import is_alive
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")

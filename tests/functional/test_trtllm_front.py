@@ -23,11 +23,11 @@ from batchlm.bench.workload import WorkloadSpec, build_requests
 from batchlm.engine.engine import LLMEngine
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from batchlm.server.triton_server import TritonServer, free_port
-from client.arrivals import ArrivalSpec
-from client.benchmark import BenchmarkConfig
-from client.report import measure
-from client.triton_llm import LLMClient, RequestFailed, grpc_inputs, request_fields
+from batchlm.launcher.triton_server import TritonServer, free_port
+from batchlm.bench.served.arrivals import ArrivalSpec
+from batchlm.bench.served.benchmark import BenchmarkConfig
+from batchlm.bench.served.report import measure
+from batchlm_client.triton_llm import LLMClient, RequestFailed, grpc_inputs, request_fields
 from tests.functional.conftest import is_alive, metric_reaches
 from tests.functional.trtllm_standin import FAILING_AFTER, FAILING_OUTPUT_LEN, standin_repository
 

@@ -9,12 +9,13 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from batchlm.bench.workload import WorkloadSpec, build_requests
-from client.arrivals import ArrivalSpec
-from client.comparison import saturated_tok, targets_table, write_variant
-from client.metrics_timeline import MetricsTimeline, parse_metrics, requests_per_execution, saturated_window
-from client.request_record import SLO, RequestRecord, summarize
-from client.sweep import sweep_markdown, sweep_rows
-from client.triton_llm import LLMClient, RequestFailed
+from batchlm.bench.served.arrivals import ArrivalSpec
+from batchlm.bench.served.comparison import saturated_tok, targets_table, write_variant
+from batchlm.bench.served.metrics_timeline import (MetricsTimeline, parse_metrics, requests_per_execution,
+                                                  saturated_window)
+from batchlm.bench.served.request_record import SLO, RequestRecord, summarize
+from batchlm.bench.served.sweep import sweep_markdown, sweep_rows
+from batchlm_client.triton_llm import LLMClient, RequestFailed
 
 
 def test_open_loop_times_are_seeded_with_the_asked_mean_rate():
@@ -37,7 +38,7 @@ def test_arrival_spec_validates():
 
 
 def test_benchmark_config_names_a_bad_protocol():
-    from client.benchmark import BenchmarkConfig
+    from batchlm.bench.served.benchmark import BenchmarkConfig
 
     assert BenchmarkConfig("m").protocol == "http"
     assert BenchmarkConfig("m", protocol="grpc").protocol == "grpc"
@@ -204,7 +205,7 @@ def test_saturated_figures_fall_back_to_the_whole_run_and_the_targets_table_show
 def test_grpc_waits_are_lengthened_only_inside_a_run():
     from grpc import _common
 
-    from client.benchmark import GRPC_WAIT_SECONDS, _quiet_grpc_waits
+    from batchlm.bench.served.benchmark import GRPC_WAIT_SECONDS, _quiet_grpc_waits
 
     before = _common.MAXIMUM_WAIT_TIMEOUT
     with _quiet_grpc_waits():
@@ -216,7 +217,7 @@ def test_grpc_waits_are_lengthened_only_inside_a_run():
 
 
 def test_load_table_reads_sequences_per_forward_and_busy_samples():
-    from client.comparison import STRATEGIES, idle_fraction, load_table
+    from batchlm.bench.served.comparison import STRATEGIES, idle_fraction, load_table
 
     def doc(samples):  # (forward passes, sequences per forward) per timeline sample
         return {"timeline": [{"forward_passes": n, "seqs_per_forward": s} for n, s in samples],
@@ -232,7 +233,7 @@ def test_load_table_reads_sequences_per_forward_and_busy_samples():
 
 
 def test_http_error_message_reads_a_json_body_and_a_refused_streams_event():
-    from client.triton_llm import http_error_message
+    from batchlm_client.triton_llm import http_error_message
 
     assert http_error_message(b'{"error": "max_tokens: too many"}') == "max_tokens: too many"
     assert http_error_message(b'data: {"error":"max_tokens: too many"}\n\n') == "max_tokens: too many"
@@ -241,8 +242,8 @@ def test_http_error_message_reads_a_json_body_and_a_refused_streams_event():
 
 
 def test_unfillable_batches_names_what_would_wait_for_ever():
-    from client.arrivals import ArrivalSpec
-    from client.benchmark import unfillable_batches
+    from batchlm.bench.served.arrivals import ArrivalSpec
+    from batchlm.bench.served.benchmark import unfillable_batches
 
     static = {"name": "static_batching", "parameters": {"batch_size": {"string_value": "8"}}}
     assert unfillable_batches(static, 64, ArrivalSpec.closed_loop(8)) is None
@@ -299,8 +300,8 @@ def test_compare_runs_through_either_door(monkeypatch, tmp_path):
     import sys
 
     from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
-    from client import compare
-    from client.arrivals import ArrivalSpec
+    from batchlm.bench.served import compare
+    from batchlm.bench.served.arrivals import ArrivalSpec
 
     for protocol in ("openai", "grpc"):
         monkeypatch.setattr(sys, "argv", ["compare", "--protocol", protocol, "--num-requests", "8",
@@ -336,7 +337,7 @@ def test_compare_refuses_counts_static_batching_cannot_answer_before_it_measures
 def test_the_report_says_what_it_could_not_measure_instead_of_crashing():
     # seed_table must not raise TypeError on a run without metrics samples or without a successful
     # request, nor targets ZeroDivisionError where every static request has failed.
-    from client.comparison import STRATEGIES, seed_table, targets
+    from batchlm.bench.served.comparison import STRATEGIES, seed_table, targets
 
     def doc(tokens, p50, timeline):
         stats = {"p50": p50, "p99": p50}

@@ -8,8 +8,8 @@ import threading
 import time
 import weakref
 
-from batchlm.serving.cancellation_watcher import CancellationWatcher
-from batchlm.serving.trtllm.bls_reaper import BlsReaper
+from batchlm.backend.cancellation_watcher import CancellationWatcher
+from batchlm.backend.trtllm.bls_reaper import BlsReaper
 
 
 class Finished:

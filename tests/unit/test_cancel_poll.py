@@ -2,7 +2,7 @@
 
 import pytest
 
-from batchlm.serving.cancel_poll import CancelPoll, leave_check
+from batchlm.backend.cancel_poll import CancelPoll, leave_check
 
 
 class Clock:

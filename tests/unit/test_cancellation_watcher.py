@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from batchlm.serving.cancellation_watcher import CancellationWatcher
+from batchlm.backend.cancellation_watcher import CancellationWatcher
 
 
 class Sender:

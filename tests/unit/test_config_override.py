@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from client.config_override import ConfigOverride, overridden_config, overridden_repository
+from batchlm.bench.served.config_override import ConfigOverride, overridden_config, overridden_repository
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 

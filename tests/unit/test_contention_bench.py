@@ -5,7 +5,7 @@ import itertools
 import os
 import time
 
-from client.contention import busy_process, interleaved, parse_args, table
+from batchlm.bench.served.contention import busy_process, interleaved, parse_args, table
 
 
 def cpu_seconds(pid: int) -> float:

@@ -246,7 +246,7 @@ def test_a_parallel_engine_gets_one_gpu_per_rank(tmp_path):
 # -- compose, Prometheus, Grafana -----------------------------------------------------------------------
 
 def published_metrics() -> set[str]:
-    return set(re.findall(r'"(batchlm_\w+)"', (ROOT / "batchlm" / "serving" / "metrics.py").read_text()))
+    return set(re.findall(r'"(batchlm_\w+)"', (ROOT / "batchlm" / "backend" / "metrics.py").read_text()))
 
 
 def test_compose_serves_on_a_gpu_with_prometheus_grafana_and_locust():

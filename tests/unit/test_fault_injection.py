@@ -4,8 +4,8 @@ the `fault_injection` key; the shipped configs plan no fault."""
 import pytest
 
 from batchlm.errors import InvalidArgument
-from batchlm.serving.fault_injection import REQUEST_LEVEL_POINTS, FaultInjector, InjectedFault, InjectedThreadDeath
-from batchlm.serving.serving_config import ServingConfig
+from batchlm.backend.fault_injection import REQUEST_LEVEL_POINTS, FaultInjector, InjectedFault, InjectedThreadDeath
+from batchlm.backend.serving_config import ServingConfig
 
 
 def test_each_point_raises_once_at_its_pass():

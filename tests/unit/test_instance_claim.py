@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from batchlm.serving.instance_claim import InstanceClaim, clear_claims
+from batchlm.backend.instance_claim import InstanceClaim, clear_claims
 
 
 def test_a_live_successor_supersedes_and_a_dead_one_does_not(tmp_path):

@@ -2,7 +2,7 @@
 
 import os
 
-from client.memory import process_memory, table
+from batchlm.bench.served.memory import process_memory, table
 
 
 def test_a_process_memory_is_read_from_proc():

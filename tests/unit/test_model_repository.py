@@ -8,8 +8,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from batchlm.engine.engine_config import EngineConfig
-from batchlm.serving.request_schema import INPUTS, OUTPUTS
-from batchlm.serving.serving_config import ServingConfig, check_batch_fits
+from batchlm.backend.request_schema import INPUTS, OUTPUTS
+from batchlm.backend.serving_config import ServingConfig, check_batch_fits
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")

@@ -25,7 +25,7 @@ from batchlm.frontend.protocol import (
     completion_request,
 )
 from batchlm.frontend.responses import DONE, Envelope, Usage, sse
-from batchlm.frontend.triton_backend import ModelInfo, infer_inputs
+from batchlm.frontend.triton_client import ModelInfo, infer_inputs
 from batchlm.frontend.validation import param_of, validation_error
 from batchlm.model.checkpoint import DEFAULT_CHAT_TEMPLATE
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from batchlm.errors import InvalidArgument
-from batchlm.serving.request_schema import parse_inputs
+from batchlm.backend.request_schema import parse_inputs
 
 
 def base(**extra):

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from batchlm.server import argv_secret, triton_server
-from batchlm.server.triton_server import (
+from batchlm.launcher import argv_secret, triton_server
+from batchlm.launcher.triton_server import (
     ADMIN_HEADER,
     RESTRICTED_APIS,
     TritonServer,

@@ -15,11 +15,11 @@ from tritonclient.grpc import model_config_pb2
 from batchlm.engine.request_output import RequestOutput
 from batchlm.engine.sampling import SamplingParams
 from batchlm.errors import InvalidArgument
-from batchlm.serving.request_schema import INPUTS, OUTPUTS
-from batchlm.serving.serving_config import ServingConfig
-from batchlm.serving.stream_buffer import StreamBuffer
-from batchlm.serving.trtllm import protocol as trtllm_protocol
-from batchlm.serving.trtllm.front_config import TrtllmFrontConfig
+from batchlm.backend.request_schema import INPUTS, OUTPUTS
+from batchlm.backend.serving_config import ServingConfig
+from batchlm.backend.stream_buffer import StreamBuffer
+from batchlm.backend.trtllm import protocol as trtllm_protocol
+from batchlm.backend.trtllm.front_config import TrtllmFrontConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = ROOT / "docker" / "trtllm" / "model_repository"

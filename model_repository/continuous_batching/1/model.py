@@ -1,13 +1,13 @@
-"""continuous_batching: a thin adapter; the engine thread lives in batchlm.serving.continuous_service."""
+"""continuous_batching: a thin adapter; the engine thread lives in batchlm.backend.continuous_service."""
 
 
 class TritonPythonModel:
     def initialize(self, args):
         # NOTE: here, not at the top: Triton also imports this file in a config-only stub, where torch costs seconds
         from batchlm.engine.engine import LLMEngine
-        from batchlm.serving import triton_io
-        from batchlm.serving.continuous_service import ContinuousBatchingService
-        from batchlm.serving.metrics import ModelMetrics
+        from batchlm.backend import triton_io
+        from batchlm.backend.continuous_service import ContinuousBatchingService
+        from batchlm.backend.metrics import ModelMetrics
 
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=True)
         self.service = ContinuousBatchingService(lambda: LLMEngine(model_dir, config.engine),

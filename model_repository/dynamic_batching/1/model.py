@@ -1,14 +1,14 @@
-"""dynamic_batching: a thin adapter; Triton forms the batch, batchlm.serving.dynamic_service runs it."""
+"""dynamic_batching: a thin adapter; Triton forms the batch, batchlm.backend.dynamic_service runs it."""
 
 
 class TritonPythonModel:
     def initialize(self, args):
         # NOTE: here, not at the top: Triton also imports this file in a config-only stub, where torch costs seconds
         from batchlm.engine.batch_generator import BatchGenerator
-        from batchlm.serving import triton_io
-        from batchlm.serving.dynamic_service import DynamicBatchingService
-        from batchlm.serving.metrics import ModelMetrics
-        from batchlm.serving.serving_config import check_batch_fits
+        from batchlm.backend import triton_io
+        from batchlm.backend.dynamic_service import DynamicBatchingService
+        from batchlm.backend.metrics import ModelMetrics
+        from batchlm.backend.serving_config import check_batch_fits
 
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=False)
         check_batch_fits(config.engine, triton_io.model_config(args)["max_batch_size"], "max_batch_size")

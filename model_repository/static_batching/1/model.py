@@ -1,15 +1,15 @@
-"""static_batching: a thin adapter; the batching policy lives in batchlm.serving.static_service."""
+"""static_batching: a thin adapter; the batching policy lives in batchlm.backend.static_service."""
 
 
 class TritonPythonModel:
     def initialize(self, args):
         # NOTE: here, not at the top: Triton also imports this file in a config-only stub, where torch costs seconds
         from batchlm.engine.batch_generator import BatchGenerator
-        from batchlm.serving import triton_io
-        from batchlm.serving.instance_claim import InstanceClaim
-        from batchlm.serving.metrics import ModelMetrics
-        from batchlm.serving.serving_config import check_batch_fits
-        from batchlm.serving.static_service import StaticBatchingService
+        from batchlm.backend import triton_io
+        from batchlm.backend.instance_claim import InstanceClaim
+        from batchlm.backend.metrics import ModelMetrics
+        from batchlm.backend.serving_config import check_batch_fits
+        from batchlm.backend.static_service import StaticBatchingService
 
         name, config, model_dir = triton_io.load_serving_config(args, decoupled=False, static=True)
         check_batch_fits(config.engine, config.batch_size, "batch_size")

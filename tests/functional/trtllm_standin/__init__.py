@@ -10,7 +10,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from batchlm.serving.serving_config import SERVING_KEYS
+from batchlm.backend.serving_config import SERVING_KEYS
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "docker" / "trtllm" / "model_repository"

@@ -3,7 +3,7 @@
 TensorRT-LLM needs a GPU, which these machines lack. `tests/functional/test_trtllm_front.py` serves this
 file as the `tensorrt_llm` model, under the shipped config's inputs and outputs, so that
 `continuous_batching_trtllm` runs end to end through a real tritonserver: BLS calls, request ids,
-streaming, `stop` requests. What it takes from the contract (see batchlm.serving.trtllm.protocol):
+streaming, `stop` requests. What it takes from the contract (see batchlm.backend.trtllm.protocol):
 `input_ids`, `input_lengths`, `request_output_len`, `end_id` (absent: generate past EOS),
 `runtime_top_k` 1 = greedy, `temperature` / `runtime_top_k` / `runtime_top_p`, `random_seed`,
 `streaming`, and `stop`, which ends the running request that has the same request id. Responses carry
@@ -59,8 +59,8 @@ class TritonPythonModel:
     def initialize(self, args):
         from batchlm.engine.engine import LLMEngine
         from batchlm.engine.owner_thread import OwnerThread
-        from batchlm.serving.serving_config import ServingConfig
-        from batchlm.serving.triton_io import resolve_model_dir
+        from batchlm.backend.serving_config import ServingConfig
+        from batchlm.backend.triton_io import resolve_model_dir
 
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self._failing_output_len = int(params.pop("failing_output_len"))

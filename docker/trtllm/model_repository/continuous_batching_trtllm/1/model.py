@@ -1,17 +1,17 @@
-"""continuous_batching_trtllm: a thin adapter; the front lives in batchlm.serving.trtllm.service."""
+"""continuous_batching_trtllm: a thin adapter; the front lives in batchlm.backend.trtllm.service."""
 
 
 class TritonPythonModel:
     def initialize(self, args):
         # NOTE: here, not at the top: Triton also imports this file in a config-only stub, where torch costs seconds
         from batchlm.model.tokenizer import Tokenizer
-        from batchlm.serving import triton_io
-        from batchlm.serving.metrics import ModelMetrics
-        from batchlm.serving.trtllm import protocol as trtllm_protocol
-        from batchlm.serving.trtllm.bls import TrtllmBls
-        from batchlm.serving.trtllm.bls_reaper import BlsReaper
-        from batchlm.serving.trtllm.front_config import TrtllmFrontConfig
-        from batchlm.serving.trtllm.service import TrtllmFrontService
+        from batchlm.backend import triton_io
+        from batchlm.backend.metrics import ModelMetrics
+        from batchlm.backend.trtllm import protocol as trtllm_protocol
+        from batchlm.backend.trtllm.bls import TrtllmBls
+        from batchlm.backend.trtllm.bls_reaper import BlsReaper
+        from batchlm.backend.trtllm.front_config import TrtllmFrontConfig
+        from batchlm.backend.trtllm.service import TrtllmFrontService
 
         config = triton_io.model_config(args)
         name = config["name"]
