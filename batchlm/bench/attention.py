@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from batchlm import kernels
-from batchlm.engine.forward_batch import ForwardBatch
-from batchlm.engine.kv_cache import KVCache
 from batchlm.model.attention import AttentionMetadata, paged_attention
+from batchlm.model.forward_batch import ForwardBatch
+from batchlm.model.kv_cache import KVCache
 from batchlm.model.model_config import ModelConfig
 from batchlm.paths import TINY_MODEL_DIR
 

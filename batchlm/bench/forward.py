@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from batchlm.engine.engine_config import LINEAR_BACKENDS, POINTWISE_BACKENDS
-from batchlm.engine.forward_batch import ForwardBatch
-from batchlm.engine.kv_cache import KVCache
+from batchlm.model.backends import LINEAR_BACKENDS, POINTWISE_BACKENDS
 from batchlm.model.checkpoint import load_model
+from batchlm.model.forward_batch import ForwardBatch
+from batchlm.model.kv_cache import KVCache
 
 
 def decode_batch(batch_size: int, context: int, block_size: int) -> ForwardBatch:

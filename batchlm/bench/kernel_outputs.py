@@ -22,8 +22,8 @@ import torch
 
 from batchlm import kernels
 from batchlm.bench.forward import decode_batch, prefill_batch
-from batchlm.engine.kv_cache import KVCache
 from batchlm.model.checkpoint import load_model
+from batchlm.model.kv_cache import KVCache
 from batchlm.paths import TINY_MODEL_DIR
 
 BLOCK = 16

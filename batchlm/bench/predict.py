@@ -29,8 +29,8 @@ import torch
 from batchlm.bench import step_cost_model as scm
 from batchlm.bench.forward import decode_batch, prefill_batch, time_step
 from batchlm.bench.workload import WorkloadSpec, build_requests
-from batchlm.engine.kv_cache import KVCache
 from batchlm.model.checkpoint import load_model
+from batchlm.model.kv_cache import KVCache
 from batchlm.model.tokenizer import Tokenizer
 from batchlm.paths import TINY_MODEL_DIR
 

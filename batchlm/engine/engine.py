@@ -21,7 +21,6 @@ import torch
 from batchlm.engine.block_allocator import BlockAllocator
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.engine_stats import EngineStats
-from batchlm.engine.kv_cache import KVCache
 from batchlm.engine.model_runner import ModelRunner
 from batchlm.engine.request_output import RequestOutput
 from batchlm.engine.sampling import SamplingParams
@@ -30,6 +29,7 @@ from batchlm.engine.sequence import Sequence
 from batchlm.engine.thread_governor import ThreadGovernor
 from batchlm.errors import InvalidArgument
 from batchlm.model.checkpoint import load_model
+from batchlm.model.kv_cache import KVCache
 from batchlm.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 Prompt = str | list[int]

@@ -10,12 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from batchlm.errors import InvalidArgument
+from batchlm.model.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("auto", "kernel", "torch")
-LINEAR_BACKENDS = ("auto", "kernel", "onednn")
-POINTWISE_BACKENDS = ("auto", "kernel", "torch")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 

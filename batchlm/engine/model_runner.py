@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from batchlm.engine.engine_config import EngineConfig
-from batchlm.engine.forward_batch import ForwardBatch
-from batchlm.engine.kv_cache import KVCache
 from batchlm.engine.sampling import Sampler, make_generator
 from batchlm.engine.scheduler import SchedulerOutput
 from batchlm.engine.sequence import Sequence
+from batchlm.model.forward_batch import ForwardBatch
+from batchlm.model.kv_cache import KVCache
 
 
 class ModelRunner:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from batchlm.engine.forward_batch import ForwardBatch
+from batchlm.model.forward_batch import ForwardBatch
 
 
 @dataclass

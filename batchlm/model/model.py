@@ -15,11 +15,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from batchlm import kernels
-from batchlm.engine.engine_config import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS
-from batchlm.engine.forward_batch import ForwardBatch
-from batchlm.engine.kv_cache import KVCache
 from batchlm.errors import InvalidArgument
 from batchlm.model.attention import AttentionMetadata, attend, write_kv
+from batchlm.model.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS
+from batchlm.model.forward_batch import ForwardBatch
+from batchlm.model.kv_cache import KVCache
 from batchlm.model.model_config import ModelConfig
 from batchlm.model.rope import Rope, RotaryEmbedding, apply_rope
 

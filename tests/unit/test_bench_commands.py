@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from batchlm.engine.engine_config import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS
+from batchlm.model.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS
 from batchlm.paths import PROJECT_ROOT
 from tests.unit.test_model import auto_linear_backend
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from batchlm.engine.forward_batch import ForwardBatch
-from batchlm.engine.kv_cache import KVCache
+from batchlm.model.forward_batch import ForwardBatch
+from batchlm.model.kv_cache import KVCache
 from batchlm.model.checkpoint import (
     SafetensorsCheckpoint,
     default_checkpoint_is_current,

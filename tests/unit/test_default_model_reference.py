@@ -120,7 +120,7 @@ def test_the_first_answer_is_the_right_one(engine, prompts):
 @torch.inference_mode()
 def engine_logprobs(engine, ids: list[int]) -> torch.Tensor:
     """log p(ids[t] | ids[:t]) for t >= 1, the engine's model over its paged KV cache, a token a step."""
-    from batchlm.engine.kv_cache import KVCache
+    from batchlm.model.kv_cache import KVCache
     from tests.unit.test_model import Seq, forward
 
     model = engine.model

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from batchlm import kernels
-from batchlm.engine.forward_batch import ForwardBatch
-from batchlm.engine.kv_cache import KVCache
 from batchlm.errors import InvalidArgument
 from batchlm.model import attention
 from batchlm.model.attention import group_by_length
 from batchlm.model.checkpoint import SafetensorsCheckpoint, load_model, write_default_checkpoint
+from batchlm.model.forward_batch import ForwardBatch
+from batchlm.model.kv_cache import KVCache
 from batchlm.model.rope import rope_inv_freq
 
 # A small model with the default's structure (GQA 2:1, several layers) so the checks run in seconds.

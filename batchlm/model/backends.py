@@ -1,0 +1,10 @@
+"""The names of the compute paths a model can run: the native kernels, or the torch (oneDNN) fallbacks.
+
+EngineConfig validates its `attention`, `linear` and `pointwise` fields against these, and the model
+picks its kernels by them; "auto" uses a kernel where it is built and can run (batchlm.kernels).
+Imports nothing, so the engine's configuration reads them without loading torch.
+"""
+
+ATTENTION_BACKENDS = ("auto", "kernel", "torch")
+LINEAR_BACKENDS = ("auto", "kernel", "onednn")
+POINTWISE_BACKENDS = ("auto", "kernel", "torch")
