@@ -4,9 +4,10 @@ One file holds everything a Hugging Face folder spreads over config.json, model.
 tokenizer.json and tokenizer_config.json. `GGUFFile` reads it with the `gguf` package (the format's own
 library, which memory-maps the file) and presents it in the names the rest of the package reads:
 `hf_config()` is a config.json dict, `weights()` a name -> float32 tensor mapping in Hugging Face names
-(quantized tensors dequantized at load), `tokenizer()` a `tokenizers.Tokenizer`. Writing one, and writing
-one as a Hugging Face folder: batchlm/model/gguf_export.py. Anything this package
-cannot run is refused with InvalidArgument naming the metadata key or tensor at fault.
+(quantized tensors dequantized at load), `tokenizer()` a `tokenizers.Tokenizer`. The header is read by
+gguf_header.py, the tokenizer rebuilt by gguf_tokenizer.py. Writing one, and writing one as a Hugging
+Face folder: batchlm/model/gguf_export.py. Anything this package cannot run is refused with
+InvalidArgument naming the metadata key or tensor at fault.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import functools
 import os
 import struct
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from batchlm.errors import InvalidArgument
+from batchlm.model.gguf_header import TensorInfo, read_header
+from batchlm.model.gguf_tokenizer import build_tokenizer
 
 SUFFIX = ".gguf"
 ARCHITECTURE = "llama"
@@ -29,18 +31,7 @@ ARCHITECTURE = "llama"
 # mixes (Q4_K_M, Q5_K_M, Q6_K) put in a llama file.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-# Byte-level BPE pre-tokenizers by `tokenizer.ggml.pre`: the regex a word is split with before BPE, and
-# whether digits are first split one by one. None: GPT-2's own regex (inside the ByteLevel step).
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZERS: dict[str, tuple[str | None, bool]] = {
-    "default": (None, False), "gpt2": (None, False), "gpt-2": (None, False),
-    "smollm": (None, True),
-    "llama3": (_LLAMA3_SPLIT, False), "llama-v3": (_LLAMA3_SPLIT, False), "llama-bpe": (_LLAMA3_SPLIT, False),
-    "smaug-bpe": (_LLAMA3_SPLIT, False),
-}
 ROPE_FREQS = "rope_freqs.weight"  # not a weight of the model: its RoPE's per-frequency divisors
-_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types (tokenizer.ggml.token_type)
 _REQUIRED = object()
 
 
@@ -197,37 +188,7 @@ class GGUFFile:
 
     def tokenizer(self):
         """A `tokenizers.Tokenizer` (byte-level BPE) with the file's vocabulary, merges and specials."""
-        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-
-        kind = self.metadata("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise InvalidArgument("tokenizer.ggml.model",
-                                  f"{kind!r} is not supported (supported: 'gpt2', byte-level BPE)")
-        pre = self.metadata("tokenizer.ggml.pre", "default")
-        if pre not in PRE_TOKENIZERS:
-            raise InvalidArgument("tokenizer.ggml.pre",
-                                  f"{pre!r} is not supported (supported: {sorted(PRE_TOKENIZERS)})")
-        tokens = self.metadata("tokenizer.ggml.tokens")
-        merges = [tuple(m.split(" ", 1)) for m in self.metadata("tokenizer.ggml.merges")]
-        split, digits = PRE_TOKENIZERS[pre]
-        hf = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges,
-                                  ignore_merges=split is _LLAMA3_SPLIT))
-        steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
-        if split is None:
-            steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
-        else:
-            steps += [pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
-        hf.decoder = decoders.ByteLevel()
-        types = self.metadata("tokenizer.ggml.token_type", [])
-        # NOTE: control tokens (<|im_start|>, ...) are matched whole in text and skipped when decoding;
-        # user-defined ones are matched whole and kept, as llama.cpp treats them
-        hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                               for i, kind in enumerate(types) if kind == _CONTROL])
-        hf.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
-                       for i, kind in enumerate(types) if kind == _USER_DEFINED])
-        return hf
+        return build_tokenizer(self.metadata)
 
 
 class GGUFWeights(Mapping):
@@ -299,105 +260,3 @@ def _hf_name(name: str) -> str | None:
             and parts[2] in _BLOCK_NAMES:
         return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.weight"
     return None
-
-
-# -- the file's layout (GGUF v2/v3, little-endian) ---------------------------------------------------
-# NOTE: read here rather than with gguf.GGUFReader, which builds a Python object per array element:
-# seconds for the ~98k strings of a 49k-token vocabulary and its merges, where this reads them at once.
-
-_MAGIC = b"GGUF"
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY, _FLOAT32 = 8, 9, 6
-_DEFAULT_ALIGNMENT = 32
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    type_name: str  # GGMLQuantizationType's name ("Q4_1")
-    shape: tuple[int, ...]  # numpy order: (rows, columns) for a matrix
-    offset: int  # bytes from the start of the file
-    nbytes: int
-
-
-def read_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
-    """The metadata (key -> value; arrays as lists) and the tensors' layout, read from `path`."""
-    import gguf
-
-    with open(path, "rb") as f:
-        data = f.read(1 << 20)
-        reader = _Cursor(f, data)
-        if reader.take(4) != _MAGIC:
-            raise ValueError("no GGUF magic at the start")
-        version = reader.scalar("<I")
-        if version not in (2, 3):
-            raise ValueError(f"GGUF version {version} is not supported (2, 3)")
-        n_tensors, n_fields = reader.scalar("<Q"), reader.scalar("<Q")
-        fields = {}
-        for _ in range(n_fields):
-            key = reader.string()
-            fields[key] = reader.value(reader.scalar("<I"))
-        infos = []
-        for _ in range(n_tensors):
-            name = reader.string()
-            dims = [reader.scalar("<Q") for _ in range(reader.scalar("<I"))]
-            kind, offset = reader.scalar("<I"), reader.scalar("<Q")
-            infos.append((name, dims, kind, offset))
-        alignment = int(fields.get("general.alignment", _DEFAULT_ALIGNMENT))
-        start = -(-reader.position // alignment) * alignment
-    tensors = {}
-    for name, dims, kind, offset in infos:
-        try:
-            qtype = gguf.GGMLQuantizationType(kind)
-        except ValueError:
-            raise InvalidArgument(name, f"tensor type {kind} is unknown to the gguf package") from None
-        block, size = gguf.GGML_QUANT_SIZES[qtype]
-        count = int(np.prod(dims)) if dims else 1
-        shape = tuple(int(d) for d in reversed(dims))
-        tensors[name] = TensorInfo(name, qtype.name, shape, start + offset, count // block * size)
-    return fields, tensors
-
-
-class _Cursor:
-    """Reads GGUF's little-endian values from a file, a buffer at a time."""
-
-    def __init__(self, f, data: bytes) -> None:
-        self._f, self._data, self._pos, self._base = f, data, 0, 0
-
-    @property
-    def position(self) -> int:
-        return self._base + self._pos
-
-    def take(self, n: int) -> bytes:
-        if self._pos + n > len(self._data):
-            self._base += self._pos
-            self._data = self._data[self._pos:] + self._f.read(max(n, 1 << 20))
-            self._pos = 0
-            if n > len(self._data):
-                raise ValueError("the file ends inside its header")
-        out = self._data[self._pos:self._pos + n]
-        self._pos += n
-        return out
-
-    def scalar(self, fmt: str):
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
-
-    def string(self) -> str:
-        return self.take(self.scalar("<Q")).decode("utf-8", errors="replace")
-
-    def value(self, kind: int):
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            item, count = self.scalar("<I"), self.scalar("<Q")
-            if item in _SCALARS:
-                fmt = _SCALARS[item]
-                width = struct.calcsize(fmt)
-                return np.frombuffer(self.take(width * count), dtype=np.dtype(fmt)).tolist()
-            return [self.value(item) for _ in range(count)]
-        if kind not in _SCALARS:
-            raise ValueError(f"metadata value type {kind} is unknown")
-        value = self.scalar(_SCALARS[kind])
-        # NOTE: a float32 as the shortest decimal that reads back as it (1e-05, not 9.999999747378752e-06),
-        # the number the model's config.json had; equal once cast to float32 again
-        return float(str(np.float32(value))) if kind == _FLOAT32 else value

@@ -16,7 +16,8 @@ import torch
 from batchlm.errors import InvalidArgument
 from batchlm.model.checkpoint import SafetensorsCheckpoint, load_model, write_default_checkpoint
 from batchlm.model.gguf_export import write_gguf
-from batchlm.model.gguf_file import SUPPORTED_TYPES, is_gguf, open_gguf, read_header
+from batchlm.model.gguf_file import SUPPORTED_TYPES, is_gguf, open_gguf
+from batchlm.model.gguf_header import read_header
 from batchlm.model.model_config import ModelConfig
 from batchlm.model.tokenizer import Tokenizer
 from batchlm.paths import DEFAULT_MODEL
