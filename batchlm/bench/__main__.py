@@ -49,7 +49,7 @@ SUBCOMMANDS = {
     "invariance": "batchlm.bench.invariance",
     "kernel-outputs": "batchlm.bench.kernel_outputs",
     "stop-cost": "batchlm.bench.stop_cost",
-    "peers": "batchlm.bench.peers",
+    "peers": "batchlm.bench.peers.cli",
 }
 
 

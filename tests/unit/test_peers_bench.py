@@ -7,9 +7,12 @@ import sys
 
 import pytest
 
-from batchlm.bench.peers import (EXTRA_HINT, PEERS, Peer, PeerRequest, agreement, checkpoint_digest,
-                                 format_table, load_workload, missing_modules, parse_args, request_groups,
-                                 skip_message, summarize, truncate)
+from batchlm.bench.peers.checkpoint import checkpoint_digest
+from batchlm.bench.peers.cli import parse_args
+from batchlm.bench.peers.groups import request_groups, truncate
+from batchlm.bench.peers.peer import EXTRA_HINT, PEERS, Peer, missing_modules, skip_message
+from batchlm.bench.peers.report import agreement, format_table, summarize
+from batchlm.bench.peers.workload import PeerRequest, load_workload
 from batchlm.paths import TINY_MODEL_DIR, PROJECT_ROOT
 
 
