@@ -32,8 +32,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from batchlm.launcher.model_control import with_model_control
+from batchlm.launcher.ports import LOOPBACK
+from batchlm.launcher.serve_loop import serve_until_signalled
+from batchlm.launcher.triton_server import TritonServer
 from batchlm.paths import DEFAULT_REPOSITORY, PROJECT_ROOT
-from batchlm.launcher.triton_server import LOOPBACK, TritonServer, serve_until_signalled, with_model_control
 
 TRTLLM_REPOSITORY = PROJECT_ROOT / "docker" / "trtllm" / "model_repository"
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")
@@ -155,6 +158,8 @@ def main() -> int:
     ap.add_argument("--address", default=LOOPBACK,
                     help="the address HTTP, gRPC and metrics bind (default 127.0.0.1; a container publishing "
                          "its ports needs 0.0.0.0: see docs/operations.md, Security)")
+    ap.add_argument("--hide-admin-key", action="store_true",
+                    help="keep the administrative APIs' key off tritonserver's command line (docs/operations.md)")
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
@@ -174,7 +179,8 @@ def main() -> int:
         os.environ["TRTLLM_ORCHESTRATOR"] = "1"  # read by TensorRT-LLM's backend in this server's process
     server = TritonServer(model_repository=repository, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, show_output=True,
-                          extra_args=tuple(with_model_control([])), address=args.address)
+                          extra_args=tuple(with_model_control([])), address=args.address,
+                          hide_admin_key=args.hide_admin_key)
     return serve_until_signalled(server)
 
 

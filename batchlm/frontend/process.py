@@ -16,7 +16,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchlm.launcher.triton_server import TritonServer, die_with_parent
+from batchlm.launcher.processes import die_with_parent
+from batchlm.launcher.triton_server import TritonServer
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""The key of tritonserver's restricted APIs, kept off its command line.
+"""The key of tritonserver's restricted APIs, kept off its command line where a server asks for it
+(`TritonServer(hide_admin_key=True)`, `batchlm-serve --hide-admin-key`; by default the key is the argument).
 
 tritonserver takes that key only as an argument (`--http-restricted-api=<apis>:<header>=<key>`), and a
-process's arguments are readable by every user of the machine in /proc/<pid>/cmdline. So the project's
+process's arguments are readable by every user of the machine in /proc/<pid>/cmdline. So such
 servers get a placeholder in that argument instead (random for each server: `new_placeholder()`), the
 key and the placeholder in the environment variables SECRET and PLACEHOLDER (/proc/<pid>/environ is
 readable by the process's own user only), and `argv_secret.c`, preloaded, puts the key in place of the
@@ -15,7 +16,7 @@ library in a folder or file that others can write is not used: whoever could rep
 in tritonserver with the key. Where it cannot be built or used, `library()` is None and the key goes
 on the command line (TritonServer warns).
 
-    python -m batchlm.launcher.argv_secret     # build it now (set-up and the images do); prints its path
+    python -m batchlm.launcher.argv_secret     # build it now (the images do); prints its path
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     batchlm-serve [--model PATH] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--log FILE]
                   [--drain-timeout 60] [--frontend-port 9000] [--frontend-host 127.0.0.1] [--no-frontend]
-                  [--on-model-failure reload|exit|off]
+                  [--on-model-failure reload|exit|off] [--hide-admin-key]
                   [-- extra tritonserver arguments]
 
 `--model` serves another checkpoint (a llama GGUF file or a Hugging Face Llama folder) in every model of
@@ -19,7 +19,8 @@ and lets its answers in flight finish (at most 10 s), then the server is drained
 The server binds 127.0.0.1 unless `--address` says otherwise. It runs in explicit model control with
 every model loaded at start (`--model-control-mode=explicit --load-model=*`) unless the extra arguments
 choose a mode; its administrative APIs (model repository, shared memory, logging, trace) answer only
-this command (a header with a random value). SIGINT,
+this command (a header with a random value, an argument of tritonserver; `--hide-admin-key` keeps it off
+the command line, docs/operations.md, "Security"). SIGINT,
 SIGTERM or SIGHUP drain it: every model is unloaded through the repository API, so requests parked in
 static_batching or waiting in a queue are answered UNAVAILABLE and running ones finish; then the server
 gets its SIGTERM. A second signal while draining stops it at once. In another model control mode the
@@ -38,8 +39,10 @@ import sys
 from pathlib import Path
 
 from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
+from batchlm.launcher.model_control import with_model_control
+from batchlm.launcher.ports import LOOPBACK
+from batchlm.launcher.serve_loop import serve_until_signalled
 from batchlm.paths import DEFAULT_REPOSITORY, MODEL_ENV
-from batchlm.launcher.triton_server import LOOPBACK, serve_until_signalled, with_model_control
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="when a model's stub process dies or its serving thread stops: reload that model "
                          "(default; the others are not touched), stop the server at once and exit 3 (every "
                          "request in flight ends), or leave it to Triton (see docs/operations.md)")
+    ap.add_argument("--hide-admin-key", action="store_true",
+                    help="keep the administrative APIs' key off tritonserver's command line, which every local "
+                         "user can read, with a preloaded library built by the C compiler on first use "
+                         "(see docs/operations.md, Security)")
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args(argv)
     if args.model is not None:
@@ -81,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         model_repository=args.model_repository.resolve(), http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
         show_output=args.log is None, extra_args=tuple(with_model_control(args.extra)), address=args.address,
-        frontend=frontend,
+        hide_admin_key=args.hide_admin_key, frontend=frontend,
     )
     return serve_until_signalled(server, args.drain_timeout, on_model_failure=args.on_model_failure)
 

@@ -44,7 +44,8 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from batchlm.launcher.triton_server import TritonServer, free_port
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 
 CALLEE_CONFIG = """name: "callee"
 backend: "python"

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from batchlm.launcher.triton_server import TritonServer, free_port
 from batchlm.backend.instance_claim import process_alive
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from batchlm_client.triton_llm import LLMClient
 
 

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 import requests as http
 
-from batchlm.bench.workload import WorkloadSpec, build_requests
-from batchlm.paths import PROJECT_ROOT
-from batchlm.launcher.triton_server import free_port, process_tree
 from batchlm.bench.served import plots
 from batchlm.bench.served.arrivals import ArrivalSpec
 from batchlm.bench.served.benchmark import BenchmarkConfig, UnmeasurableModel
-from batchlm_client.cli import main as cli_main
 from batchlm.bench.served.report import measure, write_run
+from batchlm.bench.workload import WorkloadSpec, build_requests
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.processes import process_tree
+from batchlm.paths import PROJECT_ROOT
+from batchlm_client.cli import main as cli_main
 from tests.functional.conftest import is_alive
 
 STRATEGIES = ("static_batching", "dynamic_batching", "continuous_batching")

@@ -1,6 +1,7 @@
 """What a server the project starts exposes: its three ports on loopback only, inference open, and the
 administrative APIs (model repository, shared memory, logging, trace) refused to a client without the
-header only the starter holds, over HTTP and gRPC."""
+header only the starter holds, over HTTP and gRPC. The header's value is on tritonserver's command line
+by default, and on no command line where the server is asked to hide it (argv_secret)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from batchlm.launcher import argv_secret, triton_server
-from batchlm.launcher.triton_server import TritonServer, free_port
+from batchlm.launcher import admin_key, argv_secret
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from batchlm_client.triton_llm import LLMClient
 
 ADMIN_ROUTES = [  # (method, path) of each restricted HTTP API
@@ -88,13 +90,36 @@ def test_inference_stays_open_to_every_client(server):
         llm.close()
 
 
-def test_the_administrative_key_is_on_no_command_line_and_in_no_log(server):
-    """Other users of the machine read every process's command line in /proc; the key that opens the
-    administrative APIs is on none of the server's: tritonserver's holds a placeholder (the key reached
-    it through its environment, which it blanked), and the stubs it started inherited neither the key
-    nor the library that put it in place. The restricted APIs above answer the key all the same."""
+def test_by_default_the_key_is_tritonservers_argument_and_nothing_is_preloaded(server):
+    """The default: the key reaches tritonserver as its argument (where other users of the machine can
+    read it in /proc), no library is preloaded, and the restricted APIs above answer the key."""
+    assert not server.token_hidden
+    assert server.admin_token.encode() in Path(f"/proc/{server.process.pid}/cmdline").read_bytes()
+    environ = Path(f"/proc/{server.process.pid}/environ").read_bytes()
+    assert b"BATCHLM_ARGV_" not in environ and b"argv_secret" not in environ
+
+
+@pytest.fixture(scope="module")
+def hidden_key_server(tmp_path_factory):
+    """A server asked to keep its key off the command line, serving one model (for its stub)."""
+    log = tmp_path_factory.mktemp("hidden-key") / "server.log"
+    srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+                       extra_args=("--model-control-mode=explicit", "--load-model=dynamic_batching"),
+                       exit_timeout_s=5, hide_admin_key=True)
+    with srv:
+        yield srv
+
+
+def test_the_administrative_key_is_on_no_command_line_and_in_no_log(hidden_key_server):
+    """Other users of the machine read every process's command line in /proc; asked to (hide_admin_key,
+    `batchlm-serve --hide-admin-key`), the key that opens the administrative APIs is on none of the
+    server's: tritonserver's holds a placeholder (the key reached it through its environment, which it
+    blanked), and the stubs it started inherited neither the key nor the library that put it in place.
+    The restricted APIs answer the key all the same."""
+    server = hidden_key_server
     token = server.admin_token.encode()
     assert server.token_hidden
+    assert server.stubs()  # the stubs are checked too
     for pid in [server.process.pid, *server.stubs()]:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         environ = Path(f"/proc/{pid}/environ").read_bytes()
@@ -119,12 +144,13 @@ def test_a_server_that_did_not_take_its_key_refuses_to_serve(tmp_path, monkeypat
 
     monkeypatch.setattr(argv_secret, "environment", without_preload)
     srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                       log_path=tmp_path / "server.log", extra_args=("--model-control-mode=explicit",))
+                       log_path=tmp_path / "server.log", extra_args=("--model-control-mode=explicit",),
+                       hide_admin_key=True)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="the argv_secret library did not run in tritonserver"):
         srv.start(timeout=120)
     # told from the loaded libraries at once, not at the end of TOKEN_TAKEN_TIMEOUT_S
-    assert time.monotonic() - started < triton_server.TOKEN_TAKEN_TIMEOUT_S / 2
+    assert time.monotonic() - started < admin_key.TOKEN_TAKEN_TIMEOUT_S / 2
     assert srv.process is None  # stopped
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", srv.http_port)) != 0, "the server still listens"

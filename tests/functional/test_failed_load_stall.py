@@ -20,7 +20,8 @@ import time
 import pytest
 import requests
 
-from batchlm.launcher.triton_server import TritonServer, free_port
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from tests.functional.conftest import is_alive
 
 MODEL = "dynamic_batching"

@@ -26,7 +26,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from batchlm.launcher.triton_server import TritonServer, free_port
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from tests.functional.conftest import is_alive
 
 # the model's code -> (HTTP /infer status, gRPC status)

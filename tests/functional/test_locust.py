@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from batchlm.paths import PROJECT_ROOT
-from batchlm.launcher.triton_server import TritonServer, free_port
 from tests.functional.conftest import csv_rows, is_alive, locust_events
 
 LOCUST = str(Path(sys.executable).parent / "locust")

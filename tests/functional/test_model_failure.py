@@ -16,10 +16,12 @@ from pathlib import Path
 
 import requests
 
-from batchlm.paths import PROJECT_ROOT
-from batchlm.launcher.supervisor import ModelSupervisor
-from batchlm.launcher.triton_server import EXIT_MODEL_FAILED, free_port, process_tree
 from batchlm.backend.instance_claim import clear_claims
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.processes import process_tree
+from batchlm.launcher.serve_loop import EXIT_MODEL_FAILED
+from batchlm.launcher.supervisor import ModelSupervisor
+from batchlm.paths import PROJECT_ROOT
 from batchlm_client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import is_alive, metric_reaches, metric_value, repository_api
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from batchlm.bench.workload import WorkloadRequest
-from batchlm.launcher.triton_server import TritonServer, free_port
 from batchlm.bench.served.arrivals import ArrivalSpec
 from batchlm.bench.served.benchmark import Benchmark, BenchmarkConfig, UnmeasurableModel
+from batchlm.bench.workload import WorkloadRequest
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from batchlm_client.cli import main as cli_main
 from batchlm_client.triton_llm import LLMClient, RequestFailed
 

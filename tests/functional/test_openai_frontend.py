@@ -23,8 +23,8 @@ import requests
 
 from batchlm.frontend.chat_template import load_chat_template
 from batchlm.frontend.process import FrontendProcess
+from batchlm.launcher.ports import free_port
 from batchlm.paths import TINY_MODEL_DIR, PROJECT_ROOT
-from batchlm.launcher.triton_server import free_port
 from batchlm_client.triton_llm import LLMClient
 from tests.functional.conftest import is_alive, metric_reaches, metric_value, repository_api
 

@@ -18,8 +18,9 @@ import openai
 import pytest
 
 from batchlm.frontend.process import FrontendProcess
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from batchlm.paths import DEFAULT_MODEL, MODEL_ENV
-from batchlm.launcher.triton_server import TritonServer, free_port
 from batchlm_client.triton_llm import LLMClient, collect
 from tests.functional.conftest import is_alive
 

@@ -14,10 +14,11 @@ from types import SimpleNamespace
 import pytest
 import requests
 
+from batchlm.backend.instance_claim import clear_claims, default_folder
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.processes import process_tree
 from batchlm.model.tokenizer import Tokenizer
 from batchlm.paths import PROJECT_ROOT
-from batchlm.launcher.triton_server import free_port, process_tree
-from batchlm.backend.instance_claim import clear_claims, default_folder
 from batchlm_client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import held_by_http_connections, is_alive, metric_reaches
 

@@ -9,8 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from batchlm.launcher.triton_server import TritonServer, free_port
 from batchlm.backend.instance_claim import InstanceClaim
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from batchlm_client.triton_llm import LLMClient, RequestFailed
 from tests.functional.conftest import (held_by_http_connections, metric_reaches, metric_value, reload_from_repository,
                                        repository_api)

@@ -21,8 +21,9 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from batchlm.launcher.triton_server import TritonServer, free_port
 from batchlm.bench.served.benchmark import _quiet_grpc_waits
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from batchlm_client.triton_llm import LLMClient, collect
 from tests.functional.conftest import is_alive
 

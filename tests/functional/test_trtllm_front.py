@@ -19,14 +19,15 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
+from batchlm.bench.served.arrivals import ArrivalSpec
+from batchlm.bench.served.benchmark import BenchmarkConfig
+from batchlm.bench.served.report import measure
 from batchlm.bench.workload import WorkloadSpec, build_requests
 from batchlm.engine.engine import LLMEngine
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from batchlm.launcher.triton_server import TritonServer, free_port
-from batchlm.bench.served.arrivals import ArrivalSpec
-from batchlm.bench.served.benchmark import BenchmarkConfig
-from batchlm.bench.served.report import measure
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from batchlm_client.triton_llm import LLMClient, RequestFailed, grpc_inputs, request_fields
 from tests.functional.conftest import is_alive, metric_reaches
 from tests.functional.trtllm_standin import FAILING_AFTER, FAILING_OUTPUT_LEN, standin_repository

@@ -3,7 +3,7 @@ one test server once got the same HTTP and metrics port, and tritonserver refuse
 
 import socket
 
-from batchlm.launcher.triton_server import free_port
+from batchlm.launcher.ports import free_port
 
 
 def test_a_thousand_ports_are_all_different_and_free():

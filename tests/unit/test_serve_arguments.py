@@ -1,6 +1,7 @@
 """The tritonserver arguments of every server the project starts: loopback unless asked, the
-administrative APIs restricted to a header only the starter holds; the serve commands' explicit model
-control unless the caller chose a mode; and whether a server so started can be drained."""
+administrative APIs restricted to a header only the starter holds (its key on the command line unless
+argv_secret is asked for); the serve commands' explicit model control unless the caller chose a mode;
+and whether a server so started can be drained."""
 
 import os
 import subprocess
@@ -9,28 +10,47 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from batchlm.launcher import argv_secret, triton_server
-from batchlm.launcher.triton_server import (
-    ADMIN_HEADER,
-    RESTRICTED_APIS,
-    TritonServer,
-    model_control_mode,
-    with_model_control,
-)
+from batchlm.launcher import argv_secret, triton_install
+from batchlm.launcher.admin_key import ADMIN_HEADER, RESTRICTED_APIS
+from batchlm.launcher.model_control import model_control_mode, with_model_control
+from batchlm.launcher.triton_server import TritonServer
 
 
 def _fake_install(tmp_path):
     _fake_triton(tmp_path)
-    return triton_server.TritonInstall(tmp_path / "bin" / "tritonserver", tmp_path / "backends")
+    return triton_install.TritonInstall(tmp_path / "bin" / "tritonserver", tmp_path / "backends")
 
 
-def test_every_server_binds_loopback_and_restricts_the_administrative_apis(tmp_path):
+def test_every_server_binds_loopback_and_restricts_the_administrative_apis(tmp_path, monkeypatch):
+    def refuse():
+        raise AssertionError("the argv_secret library was built or looked up for a server that did not ask")
+
+    monkeypatch.setattr(argv_secret, "library", refuse)
+    monkeypatch.setattr(argv_secret, "build", refuse)
     server = TritonServer(install=_fake_install(tmp_path))
     command = server.command()
     for flag in ("--http-address", "--grpc-address", "--metrics-address"):
         assert f"{flag}=127.0.0.1" in command
     name, token = server.admin_header
     assert name == ADMIN_HEADER and len(token) == 32 and server.admin_headers == {name: token}
+    apis = ",".join(RESTRICTED_APIS)
+    # by default the token is tritonserver's argument, as tritonserver takes it; nothing is preloaded
+    assert not server.token_hidden
+    assert f"--http-restricted-api={apis}:{name}={token}" in command
+    assert f"--grpc-restricted-protocol={apis}:{name}={token}" in command
+    env = server.environment()
+    assert argv_secret.SECRET not in env and argv_secret.PLACEHOLDER not in env
+    assert env.get("LD_PRELOAD") == os.environ.get("LD_PRELOAD")
+    assert TritonServer(install=server.install).token_placeholder != server.token_placeholder  # random
+    assert set(RESTRICTED_APIS) == {"model-repository", "shared-memory", "logging", "trace"}
+    assert TritonServer(install=server.install).admin_token != token  # a new value for every server
+    assert server.http_url == "127.0.0.1:8000" and server.metrics_url == "http://127.0.0.1:8002/metrics"
+
+
+def test_asked_for_the_key_goes_through_the_environment_and_a_placeholder_is_on_the_command_line(tmp_path):
+    server = TritonServer(install=_fake_install(tmp_path), hide_admin_key=True)
+    command = server.command()
+    name, token = server.admin_header
     apis = ",".join(RESTRICTED_APIS)
     # the token reaches tritonserver through its environment; its command line holds a placeholder
     assert server.token_hidden
@@ -41,15 +61,11 @@ def test_every_server_binds_loopback_and_restricts_the_administrative_apis(tmp_p
     env = server.environment()
     assert env[argv_secret.SECRET] == token and env[argv_secret.PLACEHOLDER] == placeholder
     assert env["LD_PRELOAD"].split(":")[0] == str(argv_secret.library_path())
-    assert TritonServer(install=server.install).token_placeholder != placeholder  # random, as the token
-    assert set(RESTRICTED_APIS) == {"model-repository", "shared-memory", "logging", "trace"}
-    assert TritonServer(install=server.install).admin_token != token  # a new value for every server
-    assert server.http_url == "127.0.0.1:8000" and server.metrics_url == "http://127.0.0.1:8002/metrics"
 
 
 def test_without_a_c_compiler_the_token_goes_on_the_command_line(tmp_path, monkeypatch):
     monkeypatch.setattr(argv_secret, "library", lambda: None)
-    server = TritonServer(install=_fake_install(tmp_path))
+    server = TritonServer(install=_fake_install(tmp_path), hide_admin_key=True)
     name, token = server.admin_header
     assert not server.token_hidden
     assert f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{name}={token}" in server.command()
@@ -152,21 +168,21 @@ def test_tritonserver_is_looked_for_as_setup_does_home_then_path_then_the_extrac
     """$TRITON_HOME, then NGC's on PATH, then .triton/ (with .triton/ before PATH, a checkout set up
     outside an NGC container would serve the extracted 2.51 inside it)."""
     ngc = _fake_triton(tmp_path / "ngc")
-    monkeypatch.setattr(triton_server, "NGC_BACKENDS", ngc / "backends")
+    monkeypatch.setattr(triton_install, "NGC_BACKENDS", ngc / "backends")
     monkeypatch.setenv("PATH", f"{ngc / 'bin'}:{os.environ['PATH']}")
     monkeypatch.delenv("TRITON_HOME", raising=False)
-    assert triton_server.TritonInstall.find().binary == ngc / "bin" / "tritonserver"
+    assert triton_install.TritonInstall.find().binary == ngc / "bin" / "tritonserver"
     home = _fake_triton(tmp_path / "home")
     monkeypatch.setenv("TRITON_HOME", str(home))
-    assert triton_server.TritonInstall.find().binary == home / "bin" / "tritonserver"
+    assert triton_install.TritonInstall.find().binary == home / "bin" / "tritonserver"
     monkeypatch.setenv("TRITON_HOME", str(tmp_path / "nowhere"))
     with pytest.raises(FileNotFoundError, match="TRITON_HOME=.*nowhere has no bin/tritonserver"):
-        triton_server.TritonInstall.find()
+        triton_install.TritonInstall.find()
     monkeypatch.delenv("TRITON_HOME")
     checkout = tmp_path / "checkout"
     extracted = _fake_triton(checkout / ".triton")
-    monkeypatch.setattr(triton_server, "PROJECT_ROOT", checkout)
+    monkeypatch.setattr(triton_install, "PROJECT_ROOT", checkout)
     (ngc / "backends" / "python").rmdir()  # a tritonserver without the Python backend: not one to serve with
-    assert triton_server.TritonInstall.find().binary == extracted / "bin" / "tritonserver"
-    monkeypatch.setattr(triton_server, "NGC_BACKENDS", tmp_path / "absent")  # no NGC container: the extracted one
-    assert triton_server.TritonInstall.find().binary == extracted / "bin" / "tritonserver"
+    assert triton_install.TritonInstall.find().binary == extracted / "bin" / "tritonserver"
+    monkeypatch.setattr(triton_install, "NGC_BACKENDS", tmp_path / "absent")  # no NGC container: the extracted one
+    assert triton_install.TritonInstall.find().binary == extracted / "bin" / "tritonserver"

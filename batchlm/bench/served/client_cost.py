@@ -20,11 +20,13 @@ import resource
 import time
 from pathlib import Path
 
-from batchlm.bench.workload import WorkloadSpec, build_requests
-from batchlm.paths import PROJECT_ROOT as ROOT
-from batchlm.launcher.triton_server import TritonServer, exit_cleanly_on_sigterm, free_port
 from batchlm.bench.served.arrivals import ArrivalSpec
 from batchlm.bench.served.benchmark import Benchmark, BenchmarkConfig
+from batchlm.bench.workload import WorkloadSpec, build_requests
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.processes import exit_cleanly_on_sigterm
+from batchlm.launcher.triton_server import TritonServer
+from batchlm.paths import PROJECT_ROOT as ROOT
 
 MODEL = "continuous_batching"
 WAYS = {  # name: (stream, protocol)

@@ -44,17 +44,19 @@ from pathlib import Path
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from batchlm.bench.workload import OutputLengths, WorkloadRequest, make_spec, requests_of
-from batchlm.engine.engine_config import EngineConfig
-from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
-from batchlm.paths import DEFAULT_REPOSITORY, served_model
-from batchlm.launcher.triton_server import TritonServer, exit_cleanly_on_sigterm, free_port
 from batchlm.backend.serving_config import ServingConfig
 from batchlm.bench.served import comparison, plots
 from batchlm.bench.served.arrivals import ArrivalSpec
 from batchlm.bench.served.benchmark import Benchmark, BenchmarkConfig, unfillable_batches
-from batchlm_client.openai_client import OPENAI_PROTOCOL
 from batchlm.bench.served.report import markdown_table, measure, summary_row, write_run
+from batchlm.bench.workload import OutputLengths, WorkloadRequest, make_spec, requests_of
+from batchlm.engine.engine_config import EngineConfig
+from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.processes import exit_cleanly_on_sigterm
+from batchlm.launcher.triton_server import TritonServer
+from batchlm.paths import DEFAULT_REPOSITORY, served_model
+from batchlm_client.openai_client import OPENAI_PROTOCOL
 from batchlm_client.triton_llm import STREAMING_PROTOCOLS
 
 STATIC, DYNAMIC, CONT = comparison.STRATEGIES

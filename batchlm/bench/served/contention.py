@@ -173,8 +173,9 @@ def measure_in_process(policy: str, spec: WorkloadSpec) -> dict:
 @contextlib.contextmanager
 def served(model: str, policy: str, log_dir: Path) -> Iterator[object]:
     """A tritonserver with only `model`, its `adaptive_threads` set by `policy`."""
-    from batchlm.launcher.triton_server import TritonServer, free_port
     from batchlm.bench.served.config_override import ConfigOverride, overridden_repository
+    from batchlm.launcher.ports import free_port
+    from batchlm.launcher.triton_server import TritonServer
 
     value = "true" if policy == "adaptive" else "false"
     with tempfile.TemporaryDirectory(prefix="batchlm-contention-") as scratch:
@@ -191,9 +192,9 @@ def served(model: str, policy: str, log_dir: Path) -> Iterator[object]:
 
 
 def measure_served(server, model: str, spec: WorkloadSpec, concurrency: int) -> dict:
-    from batchlm.bench.workload import build_requests
     from batchlm.bench.served.arrivals import ArrivalSpec
     from batchlm.bench.served.benchmark import Benchmark, BenchmarkConfig
+    from batchlm.bench.workload import build_requests
 
     config = BenchmarkConfig(model, server.http_url, server.grpc_url, None, ArrivalSpec.closed_loop(concurrency),
                              protocol="grpc")

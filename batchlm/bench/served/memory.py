@@ -16,8 +16,9 @@ import os
 import time
 from pathlib import Path
 
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.triton_server import TritonServer
 from batchlm.paths import DEFAULT_REPOSITORY, MODEL_ENV
-from batchlm.launcher.triton_server import TritonServer, free_port
 
 
 def _kib(pid: int, key: str, name: str = "status") -> int:

@@ -26,17 +26,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from batchlm.bench.workload import ChatWorkloadSpec, OutputLengths, WorkloadSpec, requests_of
-from batchlm.paths import DEFAULT_REPOSITORY
-from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
-from batchlm.launcher.triton_server import exit_cleanly_on_sigterm, free_port
 from batchlm.bench.served.arrivals import ArrivalSpec
 from batchlm.bench.served.benchmark import BenchmarkConfig, UnmeasurableModel
 from batchlm.bench.served.config_override import ConfigOverride, overridden_config, overridden_repository
 from batchlm.bench.served.metrics_timeline import metrics_problem
-from batchlm_client.openai_client import DEFAULT_OPENAI_URL, OPENAI_PROTOCOL
 from batchlm.bench.served.report import markdown_table, measure, summary_row, write_run
 from batchlm.bench.served.request_record import SLO
+from batchlm.bench.workload import ChatWorkloadSpec, OutputLengths, WorkloadSpec, requests_of
+from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.processes import exit_cleanly_on_sigterm
+from batchlm.paths import DEFAULT_REPOSITORY
+from batchlm_client.openai_client import DEFAULT_OPENAI_URL, OPENAI_PROTOCOL
 from batchlm_client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, unreachable
 
 

@@ -36,8 +36,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchlm.launcher.model_control import with_model_control
+from batchlm.launcher.ports import free_port
+from batchlm.launcher.processes import process_tree
+from batchlm.launcher.triton_server import TritonServer
 from batchlm.paths import PROJECT_ROOT
-from batchlm.launcher.triton_server import TritonServer, free_port, process_tree, with_model_control
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 # model -> (locustfile, extra Locust arguments): one transport each, so the soak crosses all three
