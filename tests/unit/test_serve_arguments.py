@@ -186,3 +186,13 @@ def test_tritonserver_is_looked_for_as_setup_does_home_then_path_then_the_extrac
     assert triton_install.TritonInstall.find().binary == extracted / "bin" / "tritonserver"
     monkeypatch.setattr(triton_install, "NGC_BACKENDS", tmp_path / "absent")  # no NGC container: the extracted one
     assert triton_install.TritonInstall.find().binary == extracted / "bin" / "tritonserver"
+
+
+@pytest.mark.parametrize("flags, hidden", [([], False), (["--hide-admin-key"], True)])
+def test_the_serve_command_hides_the_key_only_when_asked(flags, hidden, monkeypatch):
+    from batchlm.launcher import serve
+
+    started = []
+    monkeypatch.setattr(serve, "serve_until_signalled", lambda server, *a, **k: started.append(server) or 0)
+    assert serve.main(["--no-frontend", *flags]) == 0
+    assert started[0].hide_admin_key is hidden
