@@ -268,8 +268,7 @@ def test_sigterm_with_parked_grpc_requests_waits_for_no_http_connection(tmp_path
         with ThreadPoolExecutor(3) as pool:
             parked = [pool.submit(_send, srv, i, "grpc") for i in range(3)]
             # NOTE: 2 s, not until the gauge reads them: a SIGTERM within a fraction of a second of the
-            # parking made the stub's SIGSEGV (below) likely, 3 stalled stops of 4 in runs of this file,
-            # against none of 3 with the 2 s
+            # parking makes the stub's SIGSEGV (below) likely, which stalls the stop
             time.sleep(2.0)
             assert not any(f.done() for f in parked)
             srv.stop(grace=7)
