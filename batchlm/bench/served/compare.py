@@ -181,7 +181,7 @@ class Comparison:
                     runs[role].append(self._measure(f"{role}/saturation-repeat-{i + 1}", server, model,
                                                     ArrivalSpec.closed_loop(concurrency), requests, stream=False))
                 if role == CONT:
-                    from batchlm.bench.engine_baseline import engine_throughput  # NOTE: here: torch takes seconds to import
+                    from batchlm.bench.engine_baseline import engine_throughput  # NOTE: here: torch takes seconds
 
                     with self._cpu():
                         params = runs[CONT][0]["model_config"].get("parameters", {})
