@@ -30,7 +30,7 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   [[ -x "$venv/bin/python" ]] || "$PYTHON" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
   # NOTE: --no-compile: Python compiles what it imports on first use; byte-compiling every installed
-  # module up front (torch's thousands) took 28 s of a 50 s install on 2 cores.
+  # module up front (torch's thousands) would be about half of the install's time.
   "$venv/bin/python" -m pip install -q --no-compile --disable-pip-version-check -e ".[serve,test]"
   echo "$want" >"$stamp"
 fi

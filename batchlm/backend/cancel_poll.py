@@ -1,7 +1,7 @@
 """CancelPoll: which rows of a running request-level batch their clients cancelled, asked inline.
 
 Static and dynamic batching run a batch to completion on one thread; without this, a batch whose
-clients all went away ran to its longest row, and in dynamic batching the next batch waited for it.
+clients all went away would run to its longest row, and in dynamic batching the next batch would wait.
 Each row's question (`sender.is_cancelled()` or `request.is_cancelled()`) is a round trip to the
 server, so it is asked from the stepping thread at most once per `period`: at 8 rows every 100 ms,
 about 1 ms of asks a second (continuous batching, with up to 64 requests, asks from a thread of its

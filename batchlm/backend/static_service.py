@@ -219,9 +219,8 @@ class StaticBatchingService:
         ready (an unload within one `interval` of the first requests ever parked).
 
         With nothing parked it asks nothing. Triton finalizes the instance only after every sender is
-        closed, so a check can overlap finalize only while nothing is parked; one that did made
-        tritonserver abort at shutdown (boost lock_exception in TRITONBACKEND_ModelInstanceFinalize,
-        every time the server was stopped within 0.5 s of loading this model)."""
+        closed, so a check can overlap finalize only while nothing is parked; one that overlaps it makes
+        tritonserver abort at shutdown (boost lock_exception in TRITONBACKEND_ModelInstanceFinalize)."""
         while True:
             try:
                 if self._look(is_ready, is_superseded, interval):

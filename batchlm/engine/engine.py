@@ -3,8 +3,8 @@
 Not thread-safe: one thread owns an engine (in Triton, the engine thread of the continuous-batching
 model); other threads hand it requests and aborts through a queue of their own. Build the engine on
 the thread that steps it: a second thread running torch ops starts a second OpenMP team, and on a small
-CPU each step then runs ~1.4x slower (`batchlm.engine.owner_thread`); `step()` warns once when called from a
-thread other than the builder's.
+CPU each step then runs slower (`batchlm.engine.owner_thread` says why); `step()` warns once when called
+from a thread other than the builder's.
 """
 
 from __future__ import annotations

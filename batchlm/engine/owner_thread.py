@@ -3,10 +3,9 @@
 Why it matters: torch runs its intra-op work on an OpenMP team that belongs to the thread that first
 runs a parallel op. A model built (weights loaded and packed) on one thread and stepped on another gets
 a second team; with more OpenMP threads than cores, libgomp stops spinning at its barriers and every
-parallel region pays a sleep and a wake-up. Measured on the 2-core CPU (`batchlm/bench/threads.py`):
-a step took 17.5 ms instead of 11.8 ms, with ~121,000 voluntary context switches instead of ~24 over
-the run. A service whose forward passes run on a worker thread must therefore build the
-model on that same worker thread, which this class guarantees.
+parallel region pays a sleep and a wake-up (`batchlm-bench threads` times a step built on either thread
+and counts the context switches). A service whose forward passes run on a worker thread must therefore
+build the model on that same worker thread, which this class guarantees.
 
 The constructor returns once the object is built, or raises what building raised; the loop starts
 right after the build, on the same thread.

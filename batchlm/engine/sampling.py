@@ -129,8 +129,8 @@ class Sampler:
 def _greedy(logits: torch.Tensor) -> torch.Tensor:
     """(S, vocab) -> (S,) index of each row's largest logit, the first one on ties (as argmax).
 
-    NOTE: max(dim).indices, not argmax: the same indices, ~3x cheaper on CPU (8192 logits: 91 us against
-    264 us for 40 rows, 26 against 62 for 8, 2 threads).
+    NOTE: max(dim).indices, not argmax: the same indices, and torch's CPU max reduction is the cheaper
+    of the two on a (rows, vocab) tensor.
     """
     return logits.max(dim=-1).indices
 

@@ -11,9 +11,8 @@ Policy, per step, under a token budget of `max_num_batched_tokens`:
    blocks cover what is scheduled. The head of the queue is never skipped, so nothing starves.
    With on-demand KV, admission also leaves `admit_headroom_blocks` free blocks per running sequence:
    admitting into the last free blocks only lets the running ones' growth preempt the newcomer a few
-   steps later, and every preemption recomputes its whole context (measured: with 64 sequences on 512
-   blocks, greedy admission preempted 373 times in 512 requests and recomputed 30k tokens, 12% of the
-   run; a headroom of 2 blocks per sequence preempted none and served 11% more tokens/s).
+   steps later, and every preemption recomputes its whole context (`batchlm-bench sweep` with
+   `--vary parameters.admit_headroom_blocks=0,2` shows the preemptions each value causes).
 Finished and aborted sequences free their blocks at once, so a waiting one can run at the next step.
 
 Request-level batching (RESERVE_FULL with `config.pad_finished_rows`): a finished sequence keeps its

@@ -5,9 +5,9 @@ parallel region, many times per step. While every thread has a core of its own t
 When another process keeps one of the cores busy (a log shipper, the load generator, a neighbour's job),
 the kernel scheduler shares that core between it and one member of the team, and every region then waits,
 up to a time slice, for the member that is not running while the others spin. On 2 cores with one busy
-process a 2-thread team keeps about a quarter of its idle throughput in process and under a tenth served;
-one thread, which the other process no longer delays, keeps what one core gives (about 60% of two).
-`batchlm-bench contention` measures both (docs/benchmarking.md).
+process a 2-thread team loses most of its throughput, in process and more so served, while one thread,
+which the other process cannot delay, keeps what one core gives. `batchlm-bench contention` measures
+both (docs/benchmarking.md).
 
 So the engine asks this governor before each step. Every PERIOD_S it reads how busy the CPUs this process
 may run on were (/proc/stat, every process) and takes away this process's own CPU time: what is left is
@@ -28,8 +28,8 @@ from typing import Callable
 PERIOD_S = 0.25     # how often the CPUs are read: about 25 scheduler ticks per core
 STALE_S = 1.0       # a window longer than this spanned an idle engine: start a new one, judge nothing
 BAND = 0.6          # cores: a thread goes when other processes take more than this share of its core
-                    # (one that takes less leaves it more time than it costs the team: measured in
-                    # docs/benchmarking.md), and comes back when they take less than 1 - BAND of it
+                    # (one that takes less leaves it more time than it costs the team, as
+                    # `batchlm-bench contention` shows), and comes back when they take less than 1 - BAND of it
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal (idle and iowait are free)
 
 

@@ -16,9 +16,10 @@
 // oneDNN instead. With AVX2 (16 vector registers of 8 lanes) a register block holds 16 of a group's 64
 // columns, so a block walks the group four times, one 64-byte line of each 256-byte row per pass.
 //
-// Why a kernel: a decode step streams every weight from DRAM (the default model is ~3x this CPU's L3),
-// and with oneDNN's packed matmul that streaming and the arithmetic did not overlap (`batchlm-bench
-// forward --linear onednn --profile`). Each group is one sequential stream (256 bytes per k, or per pair of k in bfloat16), multiplied
+// Why a kernel: a decode step streams every weight from DRAM (the weights are many times a CPU's L3), and
+// oneDNN's packed matmul does not overlap that streaming with the arithmetic (`batchlm-bench forward
+// --linear onednn --profile` shows it). Each group is one sequential stream (256 bytes per k, or per pair
+// of k in bfloat16), multiplied
 // by one register block of rows after another; while they do, the next group is prefetched into L2 in order,
 // one row every `parts` iterations across all the blocks (Prefetch), so the memory system stays one group
 // ahead of the arithmetic and DRAM is kept busy for the whole group, not only during its first block.

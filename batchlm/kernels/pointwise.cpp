@@ -14,9 +14,8 @@
 //       written at slot s = slots[t] = block * bs + offset (k transposed within its block, as KVCache lays it
 //       out); returns the rotated q. Slots must be distinct: two tokens never share one.
 //
-// Why kernels: at 8 sequences these ops were 1.4 ms of a 7.2 ms float32 decode step and 10 to 16% of a
-// prefill (about sixty op calls a step, each a dispatch and a pass over memory; `batchlm-bench
-// forward --profile`).
+// Why kernels: as torch ops these are about sixty op calls a step, each a dispatch and a pass over memory,
+// a large share of a small-batch decode step (`batchlm-bench forward --profile` shows it).
 //
 // Exactness: an output row depends only on its own input row and the weights. A row's sum of squares runs
 // over D in 16 partial sums, combined in a fixed tree; nothing depends on T, on the other rows or on the

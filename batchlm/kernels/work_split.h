@@ -6,8 +6,8 @@
 // or client thread preempts one of the engine's two threads for a while, and with a fixed split the other
 // finishes its half and waits at the end of the region for the preempted one to do all of its half. Here
 // it takes the rest of that half instead, an item at a time, and keeps its core busy. (The item the
-// preempted thread holds still waits for it, and so does a region shorter than the preemption: measured,
-// a 40-sequence step got about 6% cheaper on average, `batchlm-bench forward --interfere`.) Uneven items
+// preempted thread holds still waits for it, and so does a region shorter than the preemption;
+// `batchlm-bench forward --interfere` times steps under such wake-ups.) Uneven items
 // (attention over contexts of different lengths) even out the same way.
 //
 // Contract:

@@ -36,8 +36,8 @@ class PrefillChunk:
     mask: torch.Tensor  # (n, nb * block_size) bool: query i (position C-n+i) may see key j iff j <= C-n+i
 
 
-# NOTE: a group costs ~5 more op calls per layer (~50 us on a 2-core CPU), about what gathering and
-# attending over 64 padding blocks costs; a new group starts only where it saves at least that much.
+# NOTE: a group costs about 5 more op calls per layer, about what gathering and attending over 64
+# padding blocks costs; a new group starts only where it saves at least that much.
 MAX_DECODE_GROUPS = 4
 SPLIT_SAVING_BLOCKS = 64
 

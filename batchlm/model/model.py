@@ -48,18 +48,16 @@ class Linear(nn.Module):
     """y = x @ weight.T, no bias; weight is (out_features, in_features) as in HF checkpoints.
 
     `prepack(backend)` (CPU) trades the dense weight for a packed copy; the dense weight is dropped (no 2x
-    memory). Decode streams every weight from DRAM each step (the default model is ~3x this CPU's L3).
+    memory). Decode streams every weight from DRAM each step (the weights are many times a CPU's L3).
     - "kernel" (float32 or bfloat16, library built with vector code for the dtype): `torch.ops.batchlm.linear`
       (batchlm/kernels/linear.cpp) prefetches the next block of weights while it multiplies the current one,
       and sums every output over k in one fixed order, so a row's bits do not depend on the other rows of
-      the call. A float32 decode step at 8 and 40 sequences costs ~0.8x and ~0.9x what it costs through
-      oneDNN.
-    - "onednn" (float32 or bfloat16): oneDNN's blocked layout. Against MKL's dense sgemm it made a batch-8
-      step through gate_up and lm_head ~1.4x and ~2x cheaper; in prefill (512 rows) qkv / o / down took
-      1.16 / 0.97 / 2.11 ms against 1.88 / 1.03 / 2.13 dense. Its result for a row can depend on the other
-      rows of the call: in bfloat16 above 32 rows on an Intel Xeon, and for down_proj (K = 1408) from 2
-      rows (float32) or 4 rows (bfloat16) up on an AMD EPYC (Zen 4). So in bfloat16 the rows go through it
-      at most `ROWS_PER_CALL` at a time, which is enough on that Intel CPU only.
+      the call. In a float32 decode step it is cheaper than oneDNN (`batchlm-bench forward` times both).
+    - "onednn" (float32 or bfloat16): oneDNN's blocked layout, cheaper than MKL's dense sgemm for the wide
+      projections in decode and in prefill. Its result for a row can depend on the other rows of the call:
+      in bfloat16 above 32 rows on Intel Xeons, and for down_proj (K = 1408) from 2 rows (float32) or 4
+      rows (bfloat16) up on AMD Zen 4. So in bfloat16 the rows go through it at most `ROWS_PER_CALL` at a
+      time, which is enough on those Intel CPUs only.
     - "auto": the kernel where it has vector code, else oneDNN, else dense.
     """
 
@@ -193,9 +191,9 @@ class LlamaForCausalLM(nn.Module):
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config = config
-        # NOTE: allocated where and as they will live, and never initialized: the checkpoint fills them. (On
-        # the meta device, then moved with to_empty, a load cost 3 to 4 s more: the embedding's random init
-        # there imported torch._dynamo, and to_empty's empty_like of a meta tensor imported sympy.)
+        # NOTE: allocated where and as they will live, and never initialized: the checkpoint fills them. Not
+        # on the meta device and then moved with to_empty: the embedding's random init there imports
+        # torch._dynamo, and to_empty's empty_like of a meta tensor imports sympy, seconds of every load.
         with torch.device(device):
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,  # a weight given: no init
                                              _weight=torch.empty(config.vocab_size, config.hidden_size, dtype=dtype))

@@ -49,11 +49,10 @@ FLOOD_CLIENTS = 2  # HTTP /generate clients, each sending its next prompt as soo
 ROUNDS = 3  # alternating rounds alone / under the flood; the ratio is of the rounds' medians
 MIN_OVERLAPPING = 3  # refusals of each kind that must start and end inside each flooded round's streams
 # NOTE: 2 cores, shared with the flood: its 64 KiB HTTP bodies, the stub's parsing and the client's
-# threads take CPU the engine had, so "unaffected" can only mean within CPU share. Measured medians of 3
-# rounds, other tests' servers sometimes running beside them: a flood refused before tokenizing, x1.39-x1.76
-# over 13 runs (single rounds up to x2.7); a third of it tokenized (~9 ms of CPU each, the GIL let go),
-# x2.26-x2.37. With the GIL held while tokenizing (tokenizers' `encode`) and 64 KiB prompts tokenized
-# before their refusal, it was x5-x11: each bound catches that with room for the noise.
+# threads take CPU the engine had, so "unaffected" can only mean within CPU share. A flood that holds the
+# GIL while tokenizing (tokenizers' `encode`), or that tokenizes 64 KiB prompts before refusing them,
+# multiplies the streams' ITL several times over: each bound catches that with room for the noise of a
+# CPU-bound ratio, which is why the test runs in make test-slow only.
 BOUND = {"over_bytes": 2.5, "mixed": 3.5}
 
 
@@ -197,8 +196,8 @@ def test_a_flood_of_maximum_size_prompts_is_refused_while_short_requests_finish(
 @pytest.mark.parametrize("kinds", [("over_bytes",), ("over_bytes", "at_bytes", "over_tokens")],
                          ids=["over_bytes", "mixed"])
 def test_a_flood_of_maximum_size_prompts_leaves_short_requests_itl_within_bound(server, kinds):
-    """The median ITL under the flood is within BOUND of the median alone (see BOUND for what was
-    measured; a bound that depends on the CPU, so in make test-slow)."""
+    """The median ITL under the flood is within BOUND of the median alone (see BOUND for what it catches;
+    a bound that depends on the CPU, so in make test-slow)."""
     bound = BOUND["mixed" if len(kinds) > 1 else kinds[0]]
     ratio, rounds = _flood_rounds(server, kinds)
     assert ratio <= bound, f"median ITL x{ratio:.2f} (> x{bound}) under a flood of {'+'.join(kinds)}: {rounds}"

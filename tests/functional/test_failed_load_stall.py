@@ -8,8 +8,7 @@ the functional tests' servers, which refuse configs on purpose
 (`test_static_batching.py::test_a_config_that_could_not_run_is_refused_at_load`), run with a short exit
 timeout, and `make serve` restricts the repository API to itself and loads nothing after the start
 (docs/operations.md, "Why drain before the SIGTERM"). If a newer tritonserver fixes it, the "refused"
-case fails. With an exit timeout of 15 s, a "reloaded" stop takes a few seconds and a "refused" one the
-whole exit timeout, the same with static_batching.
+case fails.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def test_locust_table_refuses_a_file_that_is_not_locusts_stats(tmp_path):
 
 def test_grpc_user_exits_when_the_server_is_unreachable(tmp_path):
     """A user whose on_start fails (nothing listens on the port) must not keep Locust from exiting:
-    before the fix its open gRPC channel hung the process after the run, past any run-time limit."""
+    an open gRPC channel would hang the process after the run, past any run-time limit."""
     rc = _run(["-f", GRPC_USER, "--headless", "--host", f"127.0.0.1:{free_port()}", "--model",
                "continuous_batching", "-u", "1", "-r", "1", "-t", "2s", *SHORT_OUTPUTS],
               tmp_path / "locust.log", timeout=30)

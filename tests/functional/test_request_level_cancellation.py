@@ -1,8 +1,8 @@
 """static_batching and dynamic_batching: a running batch whose clients cancelled ends early; in every
 model, one cancelled request leaves and harms no other.
 
-Before `batchlm.backend.cancel_poll`, such a batch ran to its longest row: 8 rows x 900 tokens, many
-seconds of CPU for answers nobody would read, with dynamic batching's next batch waiting behind it.
+Without `batchlm.backend.cancel_poll`, such a batch would run to its longest row: 8 rows x 900 tokens,
+many seconds of CPU for answers nobody reads, with dynamic batching's next batch waiting behind it.
 """
 
 import time

@@ -1,4 +1,4 @@
-"""Issue 2's smoke test: the repository loads in a real tritonserver and every model answers over
+"""The smoke test: the repository loads in a real tritonserver and every model answers over
 HTTP generate and gRPC."""
 
 import os

@@ -254,42 +254,56 @@ def test_drain_answers_parked_http_requests_so_sigterm_exits_at_once(tmp_path):
 
 def test_sigterm_with_parked_grpc_requests_waits_for_no_http_connection(tmp_path):
     """gRPC requests parked in static_batching hold no HTTP connection, so a SIGTERM finds none to wait
-    for, and every parked client is answered UNAVAILABLE. A client that read the model's config over
-    HTTP for a gRPC request and kept that connection open while it waited would make the SIGTERM wait
-    out the exit timeout for it, exit 1 and unload nothing."""
-    log = tmp_path / "server.log"
-    # NOTE: an exit timeout of 3 s: a connection held open is still logged 3 times (and counted, below).
-    # And a stop that stalls on Triton's side (the NOTE below; seen most in full test-suite runs) is
-    # killed 7 s after the SIGTERM, not 30
+    for: the model unloads, every parked client gets its answer, UNAVAILABLE "...was unloaded...", and the
+    server exits 0. A client that read the model's config over HTTP for a gRPC request and kept that
+    connection open while it waited would make the SIGTERM wait out the exit timeout for it, exit 1 and
+    unload nothing.
+
+    NOTE: now and then tritonserver 2.51's stub dies of SIGSEGV in pb_utils.is_model_ready during such a
+    shutdown; the unload then hangs to the end of the exit timeout and the kill that follows ends the
+    calls with a gRPC GOAWAY (docs/operations.md, "Why drain before the SIGTERM"). That is Triton's
+    defect, not this contract, so a stop that stalls is run once more on a fresh server; the contract
+    must hold on a stop that did not stall, and two stalls in a row fail."""
+    stalls = []
+    for attempt in range(2):
+        text, answers, returncode = _sigterm_with_parked_grpc_requests(tmp_path / f"attempt-{attempt}")
+        if "Exit timeout expired" not in text:
+            break
+        stalls.append(text[-3000:])
+    else:
+        pytest.fail("both bare SIGTERMs stalled (the stub's SIGSEGV):\n" + "\n---\n".join(stalls))
+    for status, message in answers:
+        assert status in UNAVAILABLE["grpc"] and "unloaded" in message, (status, message)
+    assert not held_by_http_connections(text), text[-3000:]
+    assert returncode == 0, text[-3000:]
+
+
+def _sigterm_with_parked_grpc_requests(work) -> tuple[str, list[tuple[str, str]], int]:
+    """Park 3 gRPC requests in static_batching and SIGTERM the server: its log, the 3 failures, its exit
+    status."""
+    work.mkdir(parents=True)
+    log = work / "server.log"
+    # NOTE: an exit timeout of 10 s: room for the unload on a busy machine, and a connection held open is
+    # still logged (and counted) within it. A stop that stalls on Triton's side is killed 14 s after the
+    # SIGTERM, not 30
     srv = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
                        extra_args=("--model-control-mode=explicit", "--load-model=static_batching"),
-                       exit_timeout_s=3)
+                       exit_timeout_s=10)
     srv.start(timeout=300)
     try:
         with ThreadPoolExecutor(3) as pool:
             parked = [pool.submit(_send, srv, i, "grpc") for i in range(3)]
             # NOTE: 2 s, not until the gauge reads them: a SIGTERM within a fraction of a second of the
-            # parking made the stub's SIGSEGV (below) likely, 3 stalled stops of 4 in runs of this file,
-            # against none of 3 with the 2 s
+            # parking makes the stub's SIGSEGV likely, which stalls the stop
             time.sleep(2.0)
             assert not any(f.done() for f in parked)
-            srv.stop(grace=7)
+            process = srv.process
+            srv.stop(grace=14)
             answers = [_failure(f) for f in parked]
         del parked
     finally:
         srv.stop()
-    text = log.read_text()
-    # NOTE: usually the model's own answer ("... was unloaded before a full batch ...") and a clean exit
-    # 3 s after the SIGTERM; now and then the stub dies of SIGSEGV in pb_utils.is_model_ready during the
-    # shutdown, the unload hangs ("Found 1 live models" to the end of the exit timeout), the server then
-    # waits for the parked gRPC calls until it is killed, and that answers them ("Stream removed ...
-    # GOAWAY"): UNAVAILABLE either way, and not what this test is about (docs/operations.md,
-    # "Why drain before the SIGTERM": 7 of 156 such stops hung, each with the stub dead of SIGSEGV)
-    stalled = "Exit timeout expired" in text
-    for status, message in answers:
-        assert status in UNAVAILABLE["grpc"], (status, message)
-        assert "unloaded" in message or (stalled and "GOAWAY" in message), (status, message, stalled)
-    assert not held_by_http_connections(text), text[-3000:]
+    return log.read_text(), answers, process.returncode
 
 
 def _failure(future) -> tuple[str, str]:

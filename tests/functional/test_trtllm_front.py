@@ -239,9 +239,8 @@ def test_sigterm_with_streams_in_flight_ends_them_and_exits_cleanly(tmp_path):
     client keeps a stream open, tritonserver 2.51 unloads no decoupled model and does not exit, even past
     its exit timeout (continuous_batching alike; docs/operations.md, "Why drain before the SIGTERM").
     NOTE: the drain must fit the exit timeout. Past it, tritonserver 2.51 exits "immediately" with models
-    still loaded: on a 2-core AVX2 machine, where 900 tokens a stream did not drain in 15 s, it aborted in
-    the Python backend (`malloc(): unaligned tcache chunk detected`) or hung for good in its gRPC
-    server's shutdown, with the clients waiting for their streams. So
+    still loaded, and then aborts in the Python backend (`malloc(): unaligned tcache chunk detected`) or
+    hangs for good in its gRPC server's shutdown, with the clients waiting for their streams. So
     the streams ask for 300 tokens and the server gets 60 s, and the clients' wait is bounded here."""
     srv = _server(_repository(tmp_path / "shutdown_repository"))
     srv.exit_timeout_s = 60

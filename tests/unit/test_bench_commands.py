@@ -84,7 +84,7 @@ def test_bench_forward_times_decode_and_prefill_per_batch_size():
     lines = [line for line in proc.stdout.splitlines() if line.startswith("batch")]
     assert len(lines) == 2 and all("ms/step" in line and "per prompt token" in line for line in lines), proc.stdout
     assert "GFLOP/s" in proc.stdout.splitlines()[0], proc.stdout  # the matmul's rate first
-    # NOTE: float32: bfloat16 took 68 s here against 8 s (on a CPU without AVX-512 BF16 oneDNN emulates it)
+    # NOTE: float32: on a CPU without AVX-512 BF16 oneDNN emulates bfloat16, many times slower
     assert f"linears: {auto_linear_backend(torch.float32)}" in proc.stdout.splitlines(), proc.stdout
     split = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
     assert [line.split(":")[0] for line in split] == ["decode", "prefill"] * 2, proc.stdout

@@ -41,7 +41,7 @@ def test_policies_take_turns_within_each_half_each_run_after_its_settle_run():
                        settles={"adaptive": settle("adaptive")})
     one_half = ["settle adaptive", "adaptive", "fixed"]
     assert calls == one_half * 4  # idle, busy, idle, busy
-    # adaptive measured 100 (idle), 110 (busy), 120 (idle), 130 (busy): medians of two
+    # the fake adaptive runs give 100 (idle), 110 (busy), 120 (idle), 130 (busy): medians of two
     assert rows["adaptive"]["idle"] == 110 and rows["adaptive"]["busy"] == 120
     assert rows["fixed"]["idle"] == 210 and rows["fixed"]["busy"] == 220
     assert rows["fixed"]["busy_over_idle"] == 220 / 210

@@ -6,7 +6,7 @@ Face transformers loading the same file (its own GGUF reader and dequantization,
 - Log-probabilities of a project-written text, every token given the ones before it (the engine decodes
   it token by token over its paged KV cache, the reference runs it whole): within LOGPROB_ATOL, and the
   perplexity within PERPLEXITY_RTOL. Both sum in different orders (fused QKV and gate/up matmuls, other
-  attention code), so float32 rounding differs, by ~1e-5 in a log-probability as measured here.
+  attention code), so float32 rounding differs, by ~1e-5 in a log-probability.
 
 Both sides get the same token ids (the engine's tokenizer's): transformers builds this file's tokenizer
 without the digit splitting of its `smollm` pre-tokenizer, so its ids differ on numbers, which is its

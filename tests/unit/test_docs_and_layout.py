@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import re
 import subprocess
 import sys
+import tokenize
 
 import pytest
 import tomllib
@@ -24,6 +26,15 @@ MAKE = re.compile(r"(?:^|`|\$ )make ([a-z][\w-]*)", re.M)
 SCRIPT = re.compile(r"\.venv/bin/([\w-]+)")
 BENCH = re.compile(r"(?:`|/|^\s*)batchlm-bench ([a-z][\w-]*)", re.M)
 MODULE = re.compile(r"python -m ([\w.]+)")
+# How the project was made, which git history and issue notes hold: work markers, and in code and tests also
+# past measurements narrated in a comment (a figure belongs in a doc, beside the command that reproduces it).
+WORK_HISTORY = (r"\bsessions? \d|\bissues? #?\d|\bcommit [0-9a-f]{7,}|\bbefore (?:the|this) (?:fix|change)"
+                r"|\bpreviously\b")
+DOC_HISTORY = re.compile(WORK_HISTORY + r"|experiments/|measurements\.md", re.I)
+CODE_HISTORY = re.compile(WORK_HISTORY + r"|\bmeasured (?:on|here|in)\b[^.\n]*\d"
+                          r"|\bmeasured\b[^.\n]{0,80}\d(?:\.\d+)? ?(?:ms|s|us|µs|x|%|tok/s)\b"
+                          r"|\b(?:took|was|were)\b[^.\n]{0,40}\d(?:\.\d+)? ?(?:ms|s|us|µs|x|%|tok/s)\b", re.I)
+CODE = ("*.py", "*.cpp", "*.h", "*.c", "*.sh", "*.pbtxt", "Makefile", "*Dockerfile")
 
 
 def doc_ids() -> list[str]:
@@ -65,9 +76,36 @@ def test_every_command_a_doc_names_exists(doc):
 
 
 def test_docs_describe_the_product_not_its_history(doc):
-    text = doc.read_text()
-    found = re.findall(r"\bsessions? \d+|\bcommit [0-9a-f]{7,}|experiments/|measurements\.md", text, re.I)
+    found = [m.group(0) for m in DOC_HISTORY.finditer(doc.read_text())]
     assert not found, f"{doc.name} speaks of how the project was made: {found}"
+
+
+def _comments(path) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring-like string of a source file."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        marker = "//" if path.suffix in (".cpp", ".h", ".c") else "#"
+        return [(n, line[line.index(marker):]) for n, line in enumerate(text.splitlines(), 1) if marker in line]
+    return [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+            if tok.type == tokenize.COMMENT
+            or (tok.type == tokenize.STRING and tok.string.lstrip("rRbBuUfF").startswith(('"""', "'''")))]
+
+
+def test_code_and_tests_say_why_not_how_they_came_to_be():
+    files = subprocess.run(["git", "ls-files", *CODE], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert any(f.startswith("tests/") for f in files) and any(f.endswith(".cpp") for f in files), files
+    found = [f"{f}:{n}: {m.group(0)!r}" for f in files if (PROJECT_ROOT / f).exists()
+             for n, text in _comments(PROJECT_ROOT / f) for m in CODE_HISTORY.finditer(text)]
+    assert not found, "comments that narrate work history or past measurements:\n" + "\n".join(found)
+
+
+def test_the_history_patterns_catch_what_they_are_for():
+    for story in ("# measured on the 2-core machine: 1.4 ms", "// a step took 17.5 ms instead of 11.8 ms",
+                  '"""Issue 2\'s smoke test"""', "# before the fix it hung", "# x5-x11 (session 12)"):
+        assert CODE_HISTORY.search(story), story
+    for fact in ("# what is measured, per engine, from t=0", "# one step costs ~5 op calls per layer"):
+        assert not CODE_HISTORY.search(fact), fact
 
 
 def test_the_readme_is_read_in_ten_minutes():

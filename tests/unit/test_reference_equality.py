@@ -10,7 +10,7 @@ and all prompts in one generate call (their prefills and decodes share forward p
 default backends (the native kernels where they are built) and with torch's.
 
 Exact equality, in float32: the two sum in different orders (fused QKV and gate/up matmuls, other
-attention code), so their logits differ, by up to ~6e-5 measured over these sequences, while the
+attention code), so their logits differ, by up to ~6e-5 over these sequences, while the
 checkpoints' logits have a std of 4 (LM_HEAD_LOGIT_STD in batchlm/model/checkpoint.py) and the smallest
 gap between the reference's top two logits at any step here is ~9e-4; a failure names that gap.
 """

@@ -14,8 +14,8 @@ when streaming), "grpc" (`ModelInfer`, and a `ModelStreamInfer` stream for decou
 client/openai_client.py; Triton's HTTP address still serves the model's config and its metrics the
 timeline; streamed where the model streams, its token counts from the answer's `usage`).
 The client shares the machine with the server, so its own cost per response is part of what it
-measures: on the 2-core machine a streamed response costs this client about 0.55 ms of CPU over gRPC
-and 0.18 ms over HTTP (`batchlm-bench client-cost`), hence the default.
+measures: a streamed response costs this client about three times as much CPU over gRPC as over HTTP
+(`batchlm-bench client-cost` measures both), hence the default.
 One LLMClient per thread: tritonclient and requests clients are not thread-safe.
 """
 
@@ -41,9 +41,8 @@ from batchlm_client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient,
 # NOTE: gRPC Python wakes every thread blocked on a call or stream every 0.1 s
 # (grpc._common.MAXIMUM_WAIT_TIMEOUT, so that Ctrl-C is seen), whether or not anything arrived. With 64
 # streams in flight that is 640+ wake-ups a second; on a machine the client shares with the server each
-# one preempts an engine thread. Measured on the 2-core machine (served same-KV variant, 512 requests at
-# 64, alternated): 1001.9 / 921.9 output tok/s while saturated at 0.1 s against 1029.4 / 956.4 at 5 s.
-# A longer wait delays no answer: a wait ends as soon as its call is notified.
+# one preempts an engine thread, which costs served throughput. A longer wait delays no answer: a wait
+# ends as soon as its call is notified.
 GRPC_WAIT_SECONDS = 5.0
 
 

@@ -13,7 +13,7 @@ CPU), warmed up, and the same seeded workload (batchlm.bench.workload defaults):
    Triton) on the same requests, then continuous batching with the same KV memory (512 blocks x 16
    tokens) but --same-kv-seqs (64) sequences in flight, closed loop at 64 on --same-kv-requests (twice
    --num-requests: each of its slots serves two requests or more). The median run of each counts.
-   This VM's speed drifts by up to 2x over tens of minutes, and not on every strategy alike
+   A virtual machine's speed can drift over tens of minutes, and not on every strategy alike
    (docs/benchmarking.md, "Noise on small machines"); interleaved, a slow phase falls on every strategy
    instead of on whichever ran in it. Every strategy answers each request once (stream=false), so all
    send the same responses and the throughput compares scheduling alone;
@@ -162,8 +162,8 @@ class Comparison:
 
     def saturation_rounds(self) -> tuple[dict[str, dict], dict]:
         """--repeats rounds; each round runs every saturation target once, one after the other (a fresh
-        server per run), and the engine in process once. Interleaved, a drift of this VM's speed (up
-        to 2x over tens of minutes) falls on every strategy alike instead of on whichever ran in the
+        server per run), and the engine in process once. Interleaved, a drift of the machine's speed
+        over tens of minutes falls on every strategy alike instead of on whichever ran in the
         slow phase. Returns the median run per role (renamed `<role>/saturation`) and the median
         in-process result."""
         args = self.args
@@ -183,7 +183,7 @@ class Comparison:
                     runs[role].append(self._measure(f"{role}/saturation-repeat-{i + 1}", server, model,
                                                     ArrivalSpec.closed_loop(concurrency), requests, stream=False))
                 if role == CONT:
-                    from batchlm.bench.engine_baseline import engine_throughput  # NOTE: here: torch takes 3 s to import
+                    from batchlm.bench.engine_baseline import engine_throughput  # NOTE: here: torch takes seconds
 
                     with self._cpu():
                         params = runs[CONT][0]["model_config"].get("parameters", {})
