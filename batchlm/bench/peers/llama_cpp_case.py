@@ -12,7 +12,7 @@ from batchlm.bench.peers.workload import PeerRequest
 from batchlm.model.gguf_file import is_gguf
 
 # llama.cpp's flash_attn_type. Its CPU flash attention rounds to F16 inside (logits off by up to ~6e-3 against
-# transformers' float32, ~2e-5 without it, measured on the default checkpoint), so "off" is the float32 run.
+# transformers' float32 on the default checkpoint, ~2e-5 without it), so "off" is the float32 run.
 LLAMA_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 
 
