@@ -27,7 +27,8 @@ from batchlm.launcher.triton_server import TritonServer, free_port
 from batchlm.bench.served.arrivals import ArrivalSpec
 from batchlm.bench.served.benchmark import BenchmarkConfig
 from batchlm.bench.served.report import measure
-from batchlm_client.triton_llm import LLMClient, RequestFailed, grpc_inputs, request_fields
+from batchlm.request_schema import request_fields
+from batchlm_client.triton_llm import LLMClient, RequestFailed, grpc_inputs
 from tests.functional.conftest import is_alive, metric_reaches
 from tests.functional.trtllm_standin import FAILING_AFTER, FAILING_OUTPUT_LEN, standin_repository
 
