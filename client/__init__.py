@@ -9,7 +9,8 @@
 OpenAI-compatible frontend; `batchlm-client` (cli.py) is the command line over both.
 """
 
+from batchlm.request_schema import Chunk
 from batchlm_client.openai_client import OpenAIClient
-from batchlm_client.triton_llm import Chunk, LLMClient, RequestFailed, Result
+from batchlm_client.triton_llm import LLMClient, RequestFailed, Result
 
 __all__ = ["LLMClient", "OpenAIClient", "Chunk", "Result", "RequestFailed"]

@@ -1,12 +1,12 @@
 """A small client for the repository's LLM models over Triton's HTTP and gRPC protocols.
 
-It speaks the shared request schema (`text_input`, `max_tokens`, sampling fields, `stream`) and reads
-each model's config from the server: whether it is decoupled and batched, which inputs it declares and
-their datatypes (a field the model does not declare is refused here, naming the model's inputs, where
-HTTP `generate` would silently turn it into a request parameter), and which outputs it has (the
-counters `finish_reason`, `num_input_tokens` and `num_output_tokens` are read where the model declares
-them, else left None; only `text_output` is required). So the same call works on every model of this
-repository and on one with a narrower schema, such as a TensorRT-LLM ensemble:
+It speaks the shared request schema (batchlm.request_schema: `text_input`, `max_tokens`, sampling
+fields, `stream`) and reads each model's config from the server: whether it is decoupled and batched,
+which inputs it declares and their datatypes (a field the model does not declare is refused here, naming
+the model's inputs, where HTTP `generate` would silently turn it into a request parameter), and which
+outputs it has (the counters `finish_reason`, `num_input_tokens` and `num_output_tokens` are read where
+the model declares them, else left None; only `text_output` is required). So the same call works on
+every model of this repository and on one with a narrower schema, such as a TensorRT-LLM ensemble:
 
     llm = LLMClient("127.0.0.1:8000", "127.0.0.1:8001")
     result = llm.generate("continuous_batching", "Hello", max_tokens=32)            # HTTP generate
@@ -22,7 +22,7 @@ import json
 import queue
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,18 +30,8 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-# schema field -> (Triton datatype, numpy dtype)
-FIELDS: dict[str, tuple[str, type]] = {
-    "text_input": ("BYTES", np.object_),
-    "max_tokens": ("INT32", np.int32),
-    "temperature": ("FP32", np.float32),
-    "top_k": ("INT32", np.int32),
-    "top_p": ("FP32", np.float32),
-    "seed": ("UINT64", np.uint64),
-    "stop": ("BYTES", np.object_),
-    "ignore_eos": ("BOOL", np.bool_),
-    "stream": ("BOOL", np.bool_),
-}
+from batchlm.errors import InvalidArgument
+from batchlm.request_schema import Chunk, MalformedResponse, input_arrays, request_fields
 
 
 # gRPC's own UNAVAILABLE when nothing answers at the address (a model's UNAVAILABLE, an overload, says otherwise)
@@ -80,30 +70,11 @@ class RequestFailed(RuntimeError):
         self.message = message
 
 
-# Triton config datatype -> (wire datatype, numpy dtype) for the inputs this client can fill
-DATATYPES: dict[str, tuple[str, type]] = {
-    "TYPE_STRING": ("BYTES", np.object_), "TYPE_BOOL": ("BOOL", np.bool_),
-    "TYPE_INT32": ("INT32", np.int32), "TYPE_INT64": ("INT64", np.int64),
-    "TYPE_UINT32": ("UINT32", np.uint32), "TYPE_UINT64": ("UINT64", np.uint64),
-    "TYPE_FP16": ("FP16", np.float16), "TYPE_FP32": ("FP32", np.float32), "TYPE_FP64": ("FP64", np.float64),
-}
-COUNTERS = ("finish_reason", "num_input_tokens", "num_output_tokens")
 # http: /generate and /generate_stream (SSE); grpc: ModelInfer and ModelStreamInfer streams; infer: HTTP
 # /infer in KServe v2 JSON, one answer, models that are not decoupled (it carries Triton's error code as
 # the HTTP status, which /generate on tritonserver 2.51 does not)
 PROTOCOLS = ("http", "grpc", "infer")
 STREAMING_PROTOCOLS = ("http", "grpc")  # the ones that reach every model, decoupled ones and streams included
-
-
-@dataclass
-class Chunk:
-    """One response: new text (a delta when streaming) and the model's counters (None where the model
-    has no such output)."""
-
-    text: str
-    finish_reason: str | None
-    num_input_tokens: int | None
-    num_output_tokens: int | None
 
 
 @dataclass
@@ -126,17 +97,6 @@ def grpc_model_config(triton: grpcclient.InferenceServerClient, model: str, time
     config = triton.get_model_config(model, as_json=True, client_timeout=timeout)["config"]
     config["max_batch_size"] = int(config.get("max_batch_size", 0))
     return config
-
-
-def request_fields(prompt: str, max_tokens: int, **options) -> dict:
-    """The JSON body / input set for one request; None-valued options are left out."""
-    body = {"text_input": prompt, "max_tokens": int(max_tokens)}
-    for key, value in options.items():
-        if key not in FIELDS:
-            raise ValueError(f"unknown request field {key!r}; expected one of {sorted(FIELDS)}")
-        if value is not None:
-            body[key] = list(value) if key == "stop" else value
-    return body
 
 
 class LLMClient:
@@ -212,9 +172,12 @@ class LLMClient:
         return asks[protocol](model, prompt, max_tokens, **options)
 
     def _fields(self, model: str, prompt: str, max_tokens: int, via: str = "http", **options) -> dict:
-        """The request's fields, each one an input the model declares (its config read `via` HTTP or
-        gRPC); else RequestFailed("client", ...) naming the model's inputs."""
-        fields = request_fields(prompt, max_tokens, **options)
+        """The request's fields (request_fields), each one an input the model declares (its config read
+        `via` HTTP or gRPC); else RequestFailed("client", ...) naming the field."""
+        try:
+            fields = request_fields(prompt, max_tokens, **options)
+        except InvalidArgument as exc:
+            raise RequestFailed("client", str(exc)) from None
         declared = {i["name"] for i in self.model_config(model, via).get("input", [])}
         unknown = sorted(set(fields) - declared)
         if unknown:
@@ -230,10 +193,7 @@ class LLMClient:
         r = self._http.post(f"http://{self.http_url}/v2/models/{model}/generate", json=body,
                             timeout=self.timeout)
         _raise_for_http(r)
-        chunk = _chunk_from_json(r.json())
-        elapsed = time.perf_counter() - start
-        return Result(chunk.text, chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens,
-                      ttft=elapsed, latency=elapsed, chunk_times=[elapsed])
+        return collect(iter([chunk_from_json(r.json())]), start)
 
     def infer_http(self, model: str, prompt: str, max_tokens: int, **options) -> Result:
         """POST /v2/models/<model>/infer (KServe v2 JSON): one answer, from a model that is not decoupled.
@@ -248,10 +208,7 @@ class LLMClient:
         body = http_infer_body(self._fields(model, prompt, max_tokens, **options), self.model_config(model))
         r = self._http.post(f"http://{self.http_url}/v2/models/{model}/infer", json=body, timeout=self.timeout)
         _raise_for_http(r)
-        chunk = chunk_from_infer_json(r.json())
-        elapsed = time.perf_counter() - start
-        return Result(chunk.text, chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens,
-                      ttft=elapsed, latency=elapsed, chunk_times=[elapsed])
+        return collect(iter([chunk_from_infer_json(r.json())]), start)
 
     def generate_stream(self, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
         """POST /v2/models/<model>/generate_stream (server-sent events), one Chunk per event."""
@@ -265,7 +222,7 @@ class LLMClient:
                 event = json.loads(line[len("data:"):])
                 if "error" in event:
                     raise RequestFailed("stream", event["error"])
-                yield _chunk_from_json(event)
+                yield chunk_from_json(event)
 
     # -- gRPC ------------------------------------------------------------------------------------
     @property
@@ -329,10 +286,7 @@ class LLMClient:
             result = self.grpc.infer(model, inputs, client_timeout=self.timeout)
         except InferenceServerException as exc:
             raise _grpc_failure(exc) from None
-        chunk = chunk_from_grpc(result)
-        elapsed = time.perf_counter() - start
-        return Result(chunk.text, chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens,
-                      ttft=elapsed, latency=elapsed, chunk_times=[elapsed])
+        return collect(iter([chunk_from_grpc(result)]), start)
 
     def __enter__(self) -> LLMClient:
         return self
@@ -348,7 +302,7 @@ class LLMClient:
 
 
 def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
-    """Drain a chunk stream into a Result with client-side timings."""
+    """Drain a chunk stream (or the one chunk of a whole answer) into a Result with client-side timings."""
     start = time.perf_counter() if start is None else start
     texts, times, last = [], [], None
     ttft = None
@@ -366,29 +320,22 @@ def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
                   ttft=latency if ttft is None else ttft, latency=latency, chunk_times=times)
 
 
-def input_arrays(fields: dict, config: dict | None = None) -> list[tuple[str, str, np.ndarray]]:
-    """(name, wire datatype, array) per field: datatypes as the model's config declares them (the
-    schema's own without a config), one row more when the model is batched (max_batch_size > 0)."""
+def _config_arrays(fields: dict, config: dict | None = None) -> list[tuple[str, str, np.ndarray]]:
+    """request_schema.input_arrays for a model of this config (JSON, as HTTP or gRPC gives it): typed as
+    it declares its inputs (the schema's types without a config), batched where max_batch_size > 0;
+    RequestFailed("client", ...) for an integer its type cannot hold."""
     config = config or {}
-    declared = {i["name"]: i for i in config.get("input", [])}
-    batched = config.get("max_batch_size", 0) > 0
-    arrays = []
-    for name, value in fields.items():
-        datatype, dtype = FIELDS[name]
-        if name in declared and declared[name].get("data_type") in DATATYPES:
-            datatype, dtype = DATATYPES[declared[name]["data_type"]]
-        values = value if name == "stop" else [value]
-        if dtype is np.object_:
-            values = [v.encode() if isinstance(v, str) else v for v in values]
-        array = np.array(values, dtype=dtype)
-        arrays.append((name, datatype, array.reshape(1, -1) if batched else array))
-    return arrays
+    declared = {i["name"]: i.get("data_type", "") for i in config.get("input", [])}
+    try:
+        return input_arrays(fields, declared, batched=config.get("max_batch_size", 0) > 0)
+    except InvalidArgument as exc:
+        raise RequestFailed("client", str(exc)) from None
 
 
 def grpc_inputs(fields: dict, config: dict | None = None) -> list[grpcclient.InferInput]:
-    """gRPC input tensors for `fields` (see input_arrays)."""
+    """gRPC input tensors for `fields` (see _config_arrays)."""
     inputs = []
-    for name, datatype, array in input_arrays(fields, config):
+    for name, datatype, array in _config_arrays(fields, config):
         tensor = grpcclient.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -396,47 +343,34 @@ def grpc_inputs(fields: dict, config: dict | None = None) -> list[grpcclient.Inf
 
 
 def http_infer_body(fields: dict, config: dict | None = None) -> dict:
-    """The JSON body of POST /v2/models/<model>/infer for `fields` (see input_arrays)."""
+    """The JSON body of POST /v2/models/<model>/infer for `fields` (see _config_arrays)."""
     inputs = []
-    for name, datatype, array in input_arrays(fields, config):
+    for name, datatype, array in _config_arrays(fields, config):
         data = [v.decode() if isinstance(v, bytes) else v for v in array.reshape(-1).tolist()]
         inputs.append({"name": name, "datatype": datatype, "shape": list(array.shape), "data": data})
     return {"inputs": inputs}
 
 
 def chunk_from_grpc(result) -> Chunk:
-    def first(name):
-        array = result.as_numpy(name)
-        return None if array is None else np.asarray(array).reshape(-1)[0]
-
-    text = first("text_output")
-    if text is None:
-        raise RequestFailed("client", "the response has no text_output")
-    reason, num_in, num_out = (first(name) for name in COUNTERS)
-    return Chunk(text=text.decode(), finish_reason=None if reason is None else reason.decode(),
-                 num_input_tokens=_int_or_none(num_in), num_output_tokens=_int_or_none(num_out))
+    """The Chunk of one gRPC InferResult."""
+    return _chunk(result.as_numpy)
 
 
-def _chunk_from_json(body: dict) -> Chunk:
-    def scalar(value):
-        while isinstance(value, list):
-            value = value[0]
-        return value
-
-    if "text_output" not in body:
-        raise RequestFailed("client", "the response has no text_output")
-    reason, num_in, num_out = (scalar(body.get(name)) for name in COUNTERS)
-    return Chunk(text=scalar(body["text_output"]), finish_reason=reason,
-                 num_input_tokens=_int_or_none(num_in), num_output_tokens=_int_or_none(num_out))
+def chunk_from_json(body: dict) -> Chunk:
+    """The Chunk of a /generate answer or one /generate_stream event."""
+    return _chunk(body.get)
 
 
 def chunk_from_infer_json(body: dict) -> Chunk:
-    """A Chunk from an /infer answer: its `outputs` list, flattened to the fields /generate returns."""
-    return _chunk_from_json({o["name"]: o.get("data") for o in body.get("outputs", [])})
+    """The Chunk of an /infer answer (its `outputs` list)."""
+    return _chunk({o["name"]: o.get("data") for o in body.get("outputs", [])}.get)
 
 
-def _int_or_none(value) -> int | None:
-    return None if value is None else int(value)
+def _chunk(output: Callable[[str], object]) -> Chunk:
+    try:
+        return Chunk.from_outputs(output)
+    except MalformedResponse as exc:
+        raise RequestFailed("client", str(exc)) from None
 
 
 def http_error_message(content: bytes | None) -> str:

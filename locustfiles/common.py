@@ -33,7 +33,8 @@ from functools import lru_cache
 from locust import events
 
 from batchlm.bench.workload import WorkloadRequest, WorkloadSpec, build_requests
-from batchlm_client.triton_llm import RequestFailed, request_fields
+from batchlm.request_schema import request_fields
+from batchlm_client.triton_llm import RequestFailed
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching", "continuous_batching_trtllm")
 STREAMING_MODELS = ("continuous_batching", "continuous_batching_trtllm")  # the models that send text as it is made

@@ -26,6 +26,7 @@ from batchlm_client.triton_llm import (
     LLMClient,
     RequestFailed,
     chunk_from_infer_json,
+    chunk_from_json,
     http_error_message,
     http_infer_body,
 )
@@ -96,22 +97,19 @@ def _read(response, timer: common.RequestTimer, stream: bool, infer: bool = Fals
         return 0, common.ServerError(f"[connection] {response.error}")
     if response.status_code != 200:
         return 0, common.failure(str(response.status_code), http_error_message(response.content))
-    if infer:
-        tokens = chunk_from_infer_json(json.loads(response.content)).num_output_tokens
-        timer.first_output(tokens)
-        return tokens, None
-    if not stream:
-        body = json.loads(response.content)
-        tokens = _scalar(body["num_output_tokens"])
+    if infer or not stream:
+        read = chunk_from_infer_json if infer else chunk_from_json
+        tokens = read(json.loads(response.content)).num_output_tokens
         timer.first_output(tokens)
         return tokens, None
     tokens, finish = 0, None
     for event in _sse_events(response):
         if "error" in event:
             return tokens, common.failure("stream", event["error"])
-        tokens = _scalar(event["num_output_tokens"])
-        finish = _text(event.get("finish_reason", "-"))  # NOTE: "-": a model without the output
-        if event.get("text_output") or tokens:
+        chunk = chunk_from_json(event)
+        tokens = chunk.num_output_tokens
+        finish = "-" if chunk.finish_reason is None else chunk.finish_reason  # NOTE: "-": a model without it
+        if chunk.text or tokens:
             timer.first_output(tokens)
     if not finish:  # the stream closed before the response that ends the request
         return tokens, common.ServerError(f"[stream] ended after {tokens} tokens without its final response")
@@ -125,18 +123,3 @@ def _sse_events(response):
         line = line.strip()
         if line.startswith(b"data:"):
             yield json.loads(line[len(b"data:"):])
-
-
-def _first(value):
-    """The one value of a JSON output, however deeply nested in lists ("" for an empty one)."""
-    while isinstance(value, list):
-        value = value[0] if value else ""
-    return value
-
-
-def _text(value) -> str:
-    return str(_first(value))
-
-
-def _scalar(value) -> int:
-    return int(_first(value))

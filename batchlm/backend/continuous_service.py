@@ -32,7 +32,7 @@ from batchlm.backend import triton_io
 from batchlm.backend.cancellation_watcher import CancellationWatcher
 from batchlm.backend.fault_injection import FaultInjector
 from batchlm.backend.metrics import ModelMetrics
-from batchlm.backend.request_schema import GenerateRequest
+from batchlm.backend.triton_io import GenerateRequest
 from batchlm.backend.stream_buffer import StreamBuffer
 
 

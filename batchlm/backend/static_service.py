@@ -53,7 +53,7 @@ from batchlm.backend.cancel_poll import CancelPoll, leave_check
 from batchlm.backend.continuous_service import EngineStopped
 from batchlm.backend.fault_injection import REQUEST_LEVEL_POINTS, FaultInjector
 from batchlm.backend.metrics import ModelMetrics
-from batchlm.backend.request_schema import GenerateRequest
+from batchlm.backend.triton_io import GenerateRequest
 
 _STOP = object()
 

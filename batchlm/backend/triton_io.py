@@ -5,17 +5,28 @@ read `config.pbtxt` parameters. Imported only inside the backend stub (needs tri
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from batchlm.engine.request_output import RequestOutput
+from batchlm.engine.sampling import SamplingParams
 from batchlm.errors import InvalidArgument, TimedOut, Unavailable
 from batchlm.paths import served_model
-from batchlm.backend.request_schema import INPUTS, GenerateRequest, check_parameters, parse_inputs
+from batchlm.request_schema import INPUTS, OUTPUTS, check_parameters, parse_inputs
 from batchlm.backend.serving_config import ServingConfig
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One parsed, validated generation request."""
+
+    prompt: str
+    params: SamplingParams
+    stream: bool
 
 
 def model_config(args: dict) -> dict:
@@ -46,7 +57,15 @@ def parse_request(request) -> GenerateRequest:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         if tensor is not None:
             inputs[name] = tensor.as_numpy()
-    return parse_inputs(inputs)
+    return generate_request(parse_inputs(inputs))
+
+
+def generate_request(fields: Mapping[str, object]) -> GenerateRequest:
+    """The request of parsed fields (request_schema.parse_inputs); SamplingParams checks the ranges of
+    its fields and raises InvalidArgument naming the field."""
+    sampling = {name: value for name, value in fields.items() if name not in ("text_input", "stream")}
+    return GenerateRequest(prompt=fields["text_input"], params=SamplingParams(**sampling),
+                           stream=fields.get("stream", INPUTS["stream"].default))
 
 
 def parse_request_level(request, generator, model_name: str) -> GenerateRequest:
@@ -98,12 +117,10 @@ def output_response(out: RequestOutput, text: str, batched: bool) -> "pb_utils.I
     """A response carrying `text` and the counters of `out`; `batched` adds the batch dimension."""
     shape = (1, 1) if batched else (1,)
     reason = out.finish_reason.value if out.finish_reason is not None else ""
-    tensors = [
-        pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_).reshape(shape)),
-        pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_).reshape(shape)),
-        pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], np.int32).reshape(shape)),
-        pb_utils.Tensor("num_output_tokens", np.array([out.num_output_tokens], np.int32).reshape(shape)),
-    ]
+    values = {"text_output": text.encode(), "finish_reason": reason.encode(),
+              "num_input_tokens": out.num_prompt_tokens, "num_output_tokens": out.num_output_tokens}
+    tensors = [pb_utils.Tensor(name, np.array([value], dtype=OUTPUTS[name].data_type.dtype).reshape(shape))
+               for name, value in values.items()]
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 

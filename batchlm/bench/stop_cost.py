@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from batchlm.engine.sampling import MAX_STOP_STRINGS, SamplingParams
+from batchlm.engine.sampling import SamplingParams
+from batchlm.request_schema import MAX_STOP_STRINGS
 from batchlm.engine.sequence import Sequence
 
 

@@ -9,23 +9,23 @@ from typing import Sequence
 import torch
 
 from batchlm.errors import InvalidArgument
+from batchlm.request_schema import INPUTS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
-MAX_SEED = 2**64 - 1
-# Every new token is searched for every stop string on the engine thread that all requests share, so a
-# request may carry only this many, this long.
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
+MAX_SEED = INPUTS["seed"].data_type.bounds[1]  # the seed input's type, uint64
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16            # tokens to generate at most (finish reason "length")
-    temperature: float = 0.0        # 0 = greedy (argmax); > 0 scales logits before sampling
-    top_k: int = 0                  # keep the k most likely tokens; 0 = off
-    top_p: float = 1.0              # keep the smallest set with cumulative probability >= top_p; 1 = off
-    seed: int | None = None         # per-request RNG seed (uint64); None = engine's global RNG
-    stop: tuple[str, ...] = ()      # generation stops before the first of these strings
-    ignore_eos: bool = False        # keep generating past EOS (benchmarks)
+    """One request's decoding knobs; each means what its input of the same name does
+    (batchlm.request_schema.INPUTS, which gives the defaults a request leaves out)."""
+
+    max_tokens: int = 16  # offline use's default; a request always carries its own
+    temperature: float = INPUTS["temperature"].default
+    top_k: int = INPUTS["top_k"].default
+    top_p: float = INPUTS["top_p"].default
+    seed: int | None = INPUTS["seed"].default
+    stop: tuple[str, ...] = INPUTS["stop"].default
+    ignore_eos: bool = INPUTS["ignore_eos"].default
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)

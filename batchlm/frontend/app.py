@@ -41,13 +41,13 @@ from batchlm.frontend.responses import DONE, Envelope, Usage, sse
 from batchlm.frontend.triton_client import (
     SERVABLE_MODELS,
     ModelInfo,
-    Piece,
     TritonBackend,
     TritonFailure,
     TritonStream,
     infer_inputs,
 )
 from batchlm.frontend.validation import validation_error
+from batchlm.request_schema import Chunk
 
 T = TypeVar("T")
 
@@ -154,12 +154,12 @@ async def _generate(request: Request, info: ModelInfo, schema: SchemaRequest, ch
 
     if not streams:
         try:
-            piece = await _until_answered(request, backend.answer(info, inputs, envelope.id))
+            chunk = await _until_answered(request, backend.answer(info, inputs, envelope.id))
         except TritonFailure as exc:
             raise failed(exc) from None
         if not schema.stream:
-            return JSONResponse(envelope.body(piece.text, piece.finish_reason, _usage(piece)))
-        return _event_stream(_events(envelope, schema, piece, None, failed))
+            return JSONResponse(envelope.body(chunk.text, chunk.finish_reason, _usage(chunk)))
+        return _event_stream(_events(envelope, schema, chunk, None, failed))
     stream = backend.stream(info, inputs, envelope.id)
     try:
         first = await _until_answered(request, stream.__anext__())
@@ -176,9 +176,9 @@ def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _events(envelope: Envelope, schema: SchemaRequest, first: Piece, rest: TritonStream | None,
+async def _events(envelope: Envelope, schema: SchemaRequest, first: Chunk, rest: TritonStream | None,
                   failed) -> AsyncIterator[str]:
-    """The server-sent events of one answer whose first Piece is `first` (see responses.py)."""
+    """The server-sent events of one answer whose first Chunk is `first` (see responses.py)."""
     usage_field = schema.include_usage
     last = first
     try:
@@ -187,10 +187,10 @@ async def _events(envelope: Envelope, schema: SchemaRequest, first: Piece, rest:
         if first.text:
             yield sse(envelope.chunk(first.text, with_usage_field=usage_field))
         if rest is not None and not rest.ended:
-            async for piece in rest:
-                last = piece
-                if piece.text:
-                    yield sse(envelope.chunk(piece.text, with_usage_field=usage_field))
+            async for chunk in rest:
+                last = chunk
+                if chunk.text:
+                    yield sse(envelope.chunk(chunk.text, with_usage_field=usage_field))
         yield sse(envelope.chunk(None if envelope.chat else "", last.finish_reason, with_usage_field=usage_field))
         if schema.include_usage:
             yield sse(envelope.usage_chunk(_usage(last) or Usage(0, 0)))
@@ -202,10 +202,10 @@ async def _events(envelope: Envelope, schema: SchemaRequest, first: Piece, rest:
             rest.cancel()  # NOTE: a no-op once the final response came; the client left before it otherwise
 
 
-def _usage(piece: Piece) -> Usage | None:
-    if piece.num_input_tokens is None or piece.num_output_tokens is None:
+def _usage(chunk: Chunk) -> Usage | None:
+    if chunk.num_input_tokens is None or chunk.num_output_tokens is None:
         return None
-    return Usage(piece.num_input_tokens, piece.num_output_tokens)
+    return Usage(chunk.num_input_tokens, chunk.num_output_tokens)
 
 
 async def _until_answered(request: Request, work: Awaitable[T]) -> T:

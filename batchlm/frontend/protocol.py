@@ -1,11 +1,12 @@
 """OpenAI's request bodies (pydantic) and their mapping onto the shared request schema.
 
-The schema (batchlm/backend/request_schema.py) has `text_input`, `max_tokens`, `temperature`, `top_k`,
+The schema (batchlm/request_schema.py) has `text_input`, `max_tokens`, `temperature`, `top_k`,
 `top_p`, `seed`, `stop`, `ignore_eos` and `stream`. OpenAI's parameters map onto them one to one;
 `top_k` and `ignore_eos` are extensions. A parameter left out is left out of the request too, so the
 model's default applies (greedy: `temperature` 0), except `max_tokens`, which the schema requires:
-16 for completions (OpenAI's default), 128 for chat. Ranges are the models' to check: their
-INVALID_ARG names the field, and errors.from_triton turns it into a 400 naming the parameter.
+16 for completions (OpenAI's default), 128 for chat. An integer its input's type cannot hold is a 400
+here; ranges are the models' to check: their INVALID_ARG names the field, and errors.from_triton turns
+it into a 400 naming the parameter.
 Parameters the models cannot honour are refused with a 400 naming them, unless they hold their neutral
 value (`presence_penalty: 0`, `logprobs: null`, ...). Unknown parameters are refused.
 """
@@ -17,12 +18,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from batchlm.errors import InvalidArgument
 from batchlm.frontend.errors import invalid
+from batchlm.request_schema import request_fields
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 128
-INT32_MAX = 2**31 - 1
-UINT64_MAX = 2**64 - 1
 
 
 class _Body(BaseModel):
@@ -144,25 +145,14 @@ def _schema_request(body: _Sampling, prompt: str, prompt_param: str, max_tokens:
     _refuse_unsupported(body)
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options", "is allowed only with stream: true")
-    fields: dict[str, object] = {
-        "text_input": prompt,
-        "max_tokens": _ranged(max_tokens_param, default_max_tokens if max_tokens is None else max_tokens,
-                              -INT32_MAX - 1, INT32_MAX),
-    }
     params = {"text_input": prompt_param, "max_tokens": max_tokens_param}
-    if body.temperature is not None:
-        fields["temperature"] = body.temperature
-    if body.top_p is not None:
-        fields["top_p"] = body.top_p
-    if body.top_k is not None:
-        fields["top_k"] = _ranged("top_k", body.top_k, -INT32_MAX - 1, INT32_MAX)
-    if body.seed is not None:
-        fields["seed"] = _ranged("seed", body.seed, 0, UINT64_MAX)
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if stops:
-        fields["stop"] = stops
-    if body.ignore_eos is not None:
-        fields["ignore_eos"] = body.ignore_eos
+    try:
+        fields = request_fields(prompt, default_max_tokens if max_tokens is None else max_tokens,
+                                temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                                seed=body.seed, stop=stops or None, ignore_eos=body.ignore_eos)
+    except InvalidArgument as exc:
+        raise invalid(params.get(exc.field, exc.field), exc.message) from None
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     return SchemaRequest(fields, params, stream=bool(body.stream), include_usage=include_usage)
 
@@ -175,9 +165,3 @@ def _refuse_unsupported(body: _Sampling) -> None:
         value = getattr(body, name, None)
         if value is not None and value not in neutral:
             raise invalid(name, f"is not supported by these models; leave it out (got {value!r})")
-
-
-def _ranged(param: str, value: int, low: int, high: int) -> int:
-    if not low <= value <= high:
-        raise invalid(param, f"must be between {low} and {high}, got {value}")
-    return value

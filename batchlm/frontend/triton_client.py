@@ -20,24 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aio
 from tritonclient.utils import InferenceServerException
 
+from batchlm.errors import InvalidArgument
 from batchlm.frontend.errors import invalid
 from batchlm.paths import served_model
+from batchlm.request_schema import DATA_TYPES, Chunk, MalformedResponse, input_arrays
 
 # The models the frontend serves, where Triton has them loaded and ready.
 SERVABLE_MODELS = ("static_batching", "dynamic_batching", "continuous_batching", "continuous_batching_trtllm")
-
-# config data type -> (wire data type, numpy dtype, (low, high) for integers)
-_WIRE: dict[str, tuple[str, type, tuple[int, int] | None]] = {
-    "TYPE_STRING": ("BYTES", np.object_, None), "TYPE_BOOL": ("BOOL", np.bool_, None),
-    "TYPE_INT32": ("INT32", np.int32, (-2**31, 2**31 - 1)), "TYPE_INT64": ("INT64", np.int64, (-2**63, 2**63 - 1)),
-    "TYPE_UINT64": ("UINT64", np.uint64, (0, 2**64 - 1)), "TYPE_FP32": ("FP32", np.float32, None),
-    "TYPE_FP64": ("FP64", np.float64, None),
-}
 
 
 class TritonFailure(Exception):
@@ -74,60 +67,38 @@ class ModelInfo:
         )
 
 
-@dataclass(frozen=True)
-class Piece:
-    """One response of a model: new text (a delta when streaming) and its counters."""
-
-    text: str
-    finish_reason: str | None
-    num_input_tokens: int | None
-    num_output_tokens: int | None
-
-
 def infer_inputs(info: ModelInfo, fields: Mapping[str, object],
                  params: Mapping[str, str]) -> list[grpcclient.InferInput]:
-    """The request's input tensors, typed as the model declares them; ApiError 400 naming the parameter
-    for a field the model has no input for, or an integer out of its type's range."""
+    """The request's input tensors (request_schema.input_arrays), typed as the model declares them;
+    ApiError 400 naming the parameter for a field the model has no input for, or an integer out of its
+    type's range."""
+    for name in fields:
+        if info.inputs.get(name) not in DATA_TYPES:
+            raise invalid(params.get(name, name), f"{info.name} does not take this parameter")
+    try:
+        arrays = input_arrays(fields, info.inputs, info.batched)
+    except InvalidArgument as exc:
+        raise invalid(params.get(exc.field, exc.field), exc.message) from None
     tensors = []
-    for name, value in fields.items():
-        param = params.get(name, name)
-        if name not in info.inputs or info.inputs[name] not in _WIRE:
-            raise invalid(param, f"{info.name} does not take this parameter")
-        wire, dtype, bounds = _WIRE[info.inputs[name]]
-        values = list(value) if isinstance(value, (list, tuple)) else [value]
-        if bounds is not None and any(not bounds[0] <= v <= bounds[1] for v in values):
-            raise invalid(param, f"must be between {bounds[0]} and {bounds[1]}, got {value}")
-        if dtype is np.object_:
-            values = [str(v).encode() for v in values]
-        array = np.array(values, dtype=dtype)
-        array = array.reshape(1, -1) if info.batched else array
+    for name, wire, array in arrays:
         tensor = grpcclient.InferInput(name, list(array.shape), wire)
         tensor.set_data_from_numpy(array)
         tensors.append(tensor)
     return tensors
 
 
-def piece_of(result) -> Piece:
-    """The Piece of one InferResult."""
-    def first(name: str):
-        array = result.as_numpy(name)
-        return None if array is None or array.size == 0 else np.asarray(array).reshape(-1)[0]
-
-    text, reason, num_in, num_out = (first(n) for n in
-                                     ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens"))
-    return Piece(text=_str(text) or "", finish_reason=_str(reason) or None,
-                 num_input_tokens=None if num_in is None else int(num_in),
-                 num_output_tokens=None if num_out is None else int(num_out))
-
-
-def _str(value) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
+def chunk_of(result) -> Chunk:
+    """The Chunk of one InferResult; TritonFailure for a response without text."""
+    try:
+        return Chunk.from_outputs(result.as_numpy)
+    except MalformedResponse as exc:
+        raise TritonFailure(None, str(exc)) from None
 
 
 class TritonStream:
-    """One request on its own ModelStreamInfer call: iterate for its Pieces, up to the final one.
+    """One request on its own ModelStreamInfer call: iterate for its Chunks, up to the final one.
 
-    After the final Piece (or an error) the iteration reads the call to its end, which Triton sends
+    After the final Chunk (or an error) the iteration reads the call to its end, which Triton sends
     once the request is done: a call whose request finished is never cancelled (see `cancel`)."""
 
     _draining: set[asyncio.Task] = set()  # drains left running by cancel(), held until they end
@@ -144,7 +115,7 @@ class TritonStream:
     def __aiter__(self) -> "TritonStream":
         return self
 
-    async def __anext__(self) -> Piece:
+    async def __anext__(self) -> Chunk:
         if self.ended:
             await self._drain()
             raise StopAsyncIteration
@@ -159,9 +130,9 @@ class TritonStream:
         if error is not None:
             self.ended = True
             raise TritonFailure(None, error.message())
-        piece = piece_of(result)
-        self.ended = piece.finish_reason is not None
-        return piece
+        chunk = chunk_of(result)
+        self.ended = bool(chunk.finish_reason)
+        return chunk
 
     async def _drain(self) -> None:
         try:
@@ -225,24 +196,24 @@ class TritonBackend:
             self._infos[model] = ModelInfo.from_config(config["config"])
         return self._infos[model]
 
-    async def answer(self, info: ModelInfo, inputs: list, request_id: str) -> Piece:
+    async def answer(self, info: ModelInfo, inputs: list, request_id: str) -> Chunk:
         """The whole answer: ModelInfer, or a decoupled model's stream collected. Cancelling this
         coroutine cancels the request in Triton."""
         if info.decoupled:
             stream = self.stream(info, inputs, request_id)
             texts, last = [], None
             try:
-                async for piece in stream:
-                    texts.append(piece.text)
-                    last = piece
+                async for chunk in stream:
+                    texts.append(chunk.text)
+                    last = chunk
             finally:
                 stream.cancel()
-            return Piece("".join(texts), last.finish_reason, last.num_input_tokens, last.num_output_tokens)
+            return Chunk("".join(texts), last.finish_reason, last.num_input_tokens, last.num_output_tokens)
         try:
             result = await self._client.infer(info.name, inputs, request_id=request_id, client_timeout=self.timeout)
         except InferenceServerException as exc:
             raise TritonFailure(exc.status(), exc.message() or str(exc)) from None
-        return piece_of(result)
+        return chunk_of(result)
 
     def stream(self, info: ModelInfo, inputs: list, request_id: str) -> TritonStream:
         return TritonStream(self._client, info.name, inputs, request_id, self.timeout)

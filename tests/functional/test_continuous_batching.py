@@ -7,7 +7,8 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from batchlm_client.triton_llm import LLMClient, grpc_inputs, request_fields
+from batchlm.request_schema import request_fields
+from batchlm_client.triton_llm import LLMClient, grpc_inputs
 from tests.functional.conftest import metric_reaches, metric_value, repository_api
 
 MODEL = "continuous_batching"

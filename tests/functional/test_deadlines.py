@@ -11,7 +11,8 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from batchlm_client.triton_llm import LLMClient, chunk_from_grpc, grpc_inputs, request_fields
+from batchlm.request_schema import request_fields
+from batchlm_client.triton_llm import LLMClient, chunk_from_grpc, grpc_inputs
 from tests.functional.conftest import metric_reaches, reload_from_repository, repository_api
 
 TIMEOUT_US = 400_000  # 0.4 s: far shorter than the requests it cuts short (hundreds of tokens)

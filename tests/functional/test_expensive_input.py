@@ -23,7 +23,7 @@ import requests
 
 from batchlm.model.tokenizer import Tokenizer
 from batchlm.paths import TINY_MODEL_DIR
-from batchlm.backend.request_schema import MAX_PROMPT_BYTES
+from batchlm.request_schema import MAX_PROMPT_BYTES
 from batchlm_client.triton_llm import LLMClient, collect
 
 MODEL = "continuous_batching"

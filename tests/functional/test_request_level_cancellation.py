@@ -15,7 +15,8 @@ import tritonclient.grpc as grpcclient
 from batchlm.engine.engine import LLMEngine
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from batchlm_client.triton_llm import LLMClient, chunk_from_grpc, grpc_inputs, request_fields
+from batchlm.request_schema import request_fields
+from batchlm_client.triton_llm import LLMClient, chunk_from_grpc, grpc_inputs
 from tests.functional.conftest import metric_reaches, metric_value
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,7 +28,8 @@ from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
 from batchlm.launcher.ports import free_port
 from batchlm.launcher.triton_server import TritonServer
-from batchlm_client.triton_llm import LLMClient, RequestFailed, grpc_inputs, request_fields
+from batchlm.request_schema import request_fields
+from batchlm_client.triton_llm import LLMClient, RequestFailed, grpc_inputs
 from tests.functional.conftest import is_alive, metric_reaches
 from tests.functional.trtllm_standin import FAILING_AFTER, FAILING_OUTPUT_LEN, standin_repository
 

@@ -1,5 +1,6 @@
-"""Every config.pbtxt parses with Triton's own protobuf, and the three strategies differ only where
-they must: same inputs, outputs and engine knobs; batching mode and its own parameters differ."""
+"""Every config.pbtxt parses with Triton's own protobuf and declares the request schema, and the three
+strategies differ only where they must: same inputs, outputs and engine knobs; batching mode and its own
+parameters differ."""
 
 from pathlib import Path
 
@@ -8,15 +9,36 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from batchlm.engine.engine_config import EngineConfig
-from batchlm.backend.request_schema import INPUTS, OUTPUTS
+from batchlm.request_schema import INPUTS, OUTPUTS
 from batchlm.backend.serving_config import ServingConfig, check_batch_fits
 
-REPO = Path(__file__).resolve().parents[2] / "model_repository"
+ROOT = Path(__file__).resolve().parents[2]
+REPO = ROOT / "model_repository"
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
+# every model that speaks the whole request schema
+SCHEMA_CONFIGS = (*sorted(REPO.glob("*/config.pbtxt")),
+                  ROOT / "docker/trtllm/model_repository/continuous_batching_trtllm/config.pbtxt")
+# a model with a narrower schema, for the client's tests: a part of it, each field as the schema has it
+NARROW_CONFIG = ROOT / "tests/functional/narrow_schema_model/config.pbtxt"
 
 
 def load(name: str) -> model_config_pb2.ModelConfig:
-    return text_format.Parse((REPO / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    return parse(REPO / name / "config.pbtxt")
+
+
+def parse(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def declared(config: model_config_pb2.ModelConfig) -> tuple[dict, dict]:
+    """Its inputs, name -> (data type, dims, optional), and outputs, name -> (data type, dims)."""
+    dtype = model_config_pb2.DataType.Name
+    return ({i.name: (dtype(i.data_type), tuple(i.dims), i.optional) for i in config.input},
+            {o.name: (dtype(o.data_type), tuple(o.dims)) for o in config.output})
+
+
+SCHEMA = ({f.name: (f.data_type.config, f.dims, not f.required) for f in INPUTS.values()},
+          {f.name: (f.data_type.config, f.dims) for f in OUTPUTS.values()})
 
 
 def params(config) -> dict[str, str]:
@@ -28,17 +50,27 @@ def test_repository_holds_only_models():
     assert sorted(p.name for p in REPO.iterdir()) == sorted(MODELS)
 
 
+@pytest.mark.parametrize("path", SCHEMA_CONFIGS, ids=lambda p: p.parent.name)
+def test_config_declares_the_request_schema(path):
+    config = parse(path)
+    assert config.name == path.parent.name and config.backend == "python"
+    assert (path.parent / "1" / "model.py").exists()
+    inputs, outputs = declared(config)
+    assert inputs == SCHEMA[0], "inputs: names, data types, dims or optional flags differ from request_schema.INPUTS"
+    assert outputs == SCHEMA[1], "outputs: names, data types or dims differ from request_schema.OUTPUTS"
+
+
+def test_the_narrow_test_model_declares_a_part_of_the_schema():
+    inputs, outputs = declared(parse(NARROW_CONFIG))
+    assert inputs.items() <= SCHEMA[0].items() and outputs.items() <= SCHEMA[1].items()
+    assert {n for n, f in INPUTS.items() if f.required} <= set(inputs)
+    assert {n for n, f in OUTPUTS.items() if f.required} <= set(outputs)
+    assert set(inputs) < set(INPUTS) and set(outputs) < set(OUTPUTS)  # narrower, as its tests need
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_config_parses_and_matches_schema(name):
-    config = load(name)
-    assert config.name == name
-    assert config.backend == "python"
-    dtype = model_config_pb2.DataType.Name
-    assert {i.name: dtype(i.data_type) for i in config.input} == {k: v[0] for k, v in INPUTS.items()}
-    assert {i.name for i in config.input if not i.optional} == {k for k, v in INPUTS.items() if v[1]}
-    assert {o.name: dtype(o.data_type) for o in config.output} == OUTPUTS
-    assert (REPO / name / "1" / "model.py").exists()
-    ServingConfig.from_parameters(params(config))  # every parameter is known and valid
+def test_every_parameter_is_known_and_valid(name):
+    ServingConfig.from_parameters(params(load(name)))
 
 
 def test_strategies_differ_only_in_batching():

@@ -41,7 +41,7 @@ from batchlm.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from batchlm.backend import triton_io
 from batchlm.backend.cancellation_watcher import CancellationWatcher
 from batchlm.backend.metrics import ModelMetrics
-from batchlm.backend.request_schema import GenerateRequest
+from batchlm.backend.triton_io import GenerateRequest
 from batchlm.backend.stream_buffer import StreamBuffer
 from batchlm.backend.trtllm import protocol as trtllm_protocol
 from batchlm.backend.trtllm.bls_reaper import BlsReaper

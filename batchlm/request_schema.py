@@ -1,0 +1,294 @@
+"""The request schema every model speaks, declared once: the server, the client, the OpenAI frontend and
+the Locust users all import it.
+
+Input and output names follow Triton's LLM backends (vLLM, TensorRT-LLM), so existing client code works.
+A request travels as *fields* (schema name -> Python value, absent ones left out):
+
+    fields = request_fields("Hello", 8, temperature=0.5)     # a client builds them
+    arrays = input_arrays(fields)                             # (name, wire type, array) per input
+    parse_inputs({name: array for name, _, array in arrays})  # the server checks them: fields again
+
+and every response comes back as a `Chunk` (`Chunk.from_outputs`). The server applies each absent input's
+`default`; the value ranges of the sampling fields are `batchlm.engine.sampling.SamplingParams`' to check,
+with the limits declared here. Pure: numpy and batchlm.errors only (no torch, no Triton client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchlm.errors import InvalidArgument
+
+MAX_PROMPT_BYTES = 64 * 1024
+# Every new token is searched for every stop string on the engine thread that all requests share, so a
+# request may carry only this many, this long.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+
+@dataclass(frozen=True)
+class DataType:
+    """One Triton data type, as config.pbtxt, the wire (KServe v2, tritonclient) and numpy name it."""
+
+    config: str   # "TYPE_INT32"
+    wire: str     # "INT32"
+    dtype: type   # np.int32
+
+    @property
+    def bounds(self) -> tuple[int, int] | None:
+        """The integers this type holds, (low, high); None for a type that is not an integer."""
+        if not np.issubdtype(self.dtype, np.integer):
+            return None
+        info = np.iinfo(self.dtype)
+        return int(info.min), int(info.max)
+
+
+# config data type -> DataType: every type a request field can be sent as (a model with a narrower
+# schema may declare a field with another type than this schema's)
+DATA_TYPES: dict[str, DataType] = {t.config: t for t in (
+    DataType("TYPE_STRING", "BYTES", np.object_), DataType("TYPE_BOOL", "BOOL", np.bool_),
+    DataType("TYPE_INT32", "INT32", np.int32), DataType("TYPE_INT64", "INT64", np.int64),
+    DataType("TYPE_UINT32", "UINT32", np.uint32), DataType("TYPE_UINT64", "UINT64", np.uint64),
+    DataType("TYPE_FP16", "FP16", np.float16), DataType("TYPE_FP32", "FP32", np.float32),
+    DataType("TYPE_FP64", "FP64", np.float64),
+)}
+_STRING, _BOOL, _INT32, _UINT64, _FP32 = (DATA_TYPES[t] for t in
+                                          ("TYPE_STRING", "TYPE_BOOL", "TYPE_INT32", "TYPE_UINT64", "TYPE_FP32"))
+
+
+@dataclass(frozen=True)
+class Field:
+    """One input or output of every model, as its config.pbtxt declares it."""
+
+    name: str
+    data_type: DataType
+    # an input: not `optional: true`; an output: every model answers it (a model with a narrower schema
+    # may lack the others)
+    required: bool
+    meaning: str
+    default: object = None          # what the server applies when an optional input is absent
+    dims: tuple[int, ...] = (1,)    # config.pbtxt's dims; -1: any count
+
+
+def _by_name(*fields: Field) -> dict[str, Field]:
+    return {f.name: f for f in fields}
+
+
+INPUTS: dict[str, Field] = _by_name(
+    Field("text_input", _STRING, True, f"the prompt, UTF-8, at most {MAX_PROMPT_BYTES} bytes"),
+    Field("max_tokens", _INT32, True, "tokens to generate at most (finish reason `length`)"),
+    Field("temperature", _FP32, False, "0 = greedy (argmax); > 0 scales the logits before sampling", 0.0),
+    Field("top_k", _INT32, False, "keep the k most likely tokens; 0 = off", 0),
+    Field("top_p", _FP32, False, "keep the smallest set with cumulative probability >= top_p; 1 = off", 1.0),
+    Field("seed", _UINT64, False, "the request's own RNG seed; absent: the engine's global RNG", None),
+    Field("stop", _STRING, False, f"at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters; "
+                                  "the text ends before the first one it contains", (), dims=(-1,)),
+    Field("ignore_eos", _BOOL, False, "keep generating past EOS (benchmarks)", False),
+    Field("stream", _BOOL, False, "send the text as it is made (decoupled models only)", False),
+)
+OUTPUTS: dict[str, Field] = _by_name(
+    Field("text_output", _STRING, True, "the text: a response's new text when streaming, else all of it"),
+    Field("finish_reason", _STRING, False, "`length`, `stop` or `cancelled` on the response that ends the "
+                                           "request; empty on the others"),
+    Field("num_input_tokens", _INT32, False, "the prompt's tokens"),
+    Field("num_output_tokens", _INT32, False, "the tokens generated so far"),
+)
+
+
+# -- the server's side: arrays in, fields out ---------------------------------------------------------
+
+def check_parameters(parameters: Mapping[str, object]) -> None:
+    """Refuse a request's parameters: the schema has none. HTTP `/generate` turns every JSON field that
+    matches no input into a parameter, so a misspelt field (`"temprature": 0.7`) arrives here and would
+    otherwise be dropped in silence. Names with Triton's reserved prefix `triton_` are the server's own;
+    `timeout` is Triton's per-request timeout (a `/generate` client's way to set it), checked here.
+
+    Raises:
+        InvalidArgument: naming the first parameter that is not the server's.
+    """
+    for name, value in parameters.items():
+        if name == "timeout":  # Triton's per-request timeout, as a `/generate` field (Triton reads it from
+            # gRPC and /infer requests itself): microseconds, 0 = none
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(name, f"must be an integer >= 0 (microseconds), got {value!r}")
+        elif not name.startswith("triton_"):
+            raise InvalidArgument(name, f"unknown field; expected one of {sorted(INPUTS)}")
+
+
+def parse_inputs(inputs: Mapping[str, np.ndarray]) -> dict[str, object]:
+    """A request's input arrays (any shape holding the right count of elements) as fields: each value
+    of its input's type (`stop` a tuple of its non-empty strings), absent inputs left out. The sampling
+    fields' ranges are SamplingParams' to check.
+
+    Raises:
+        InvalidArgument: an input is unknown, a required one missing, a value of the wrong count or type,
+            the prompt empty, not UTF-8 or longer than MAX_PROMPT_BYTES.
+    """
+    for name in inputs:
+        if name not in INPUTS:
+            raise InvalidArgument(name, f"unknown input; expected one of {sorted(INPUTS)}")
+    for name, spec in INPUTS.items():
+        if spec.required and name not in inputs:
+            raise InvalidArgument(name, "is required")
+
+    raw = _scalar(inputs, "text_input")
+    # NOTE: the size is checked on the bytes as they came, before anything decodes or tokenizes them
+    if len(raw if isinstance(raw, (bytes, np.bytes_)) else str(raw).encode()) > MAX_PROMPT_BYTES:
+        raise InvalidArgument("text_input", f"is longer than {MAX_PROMPT_BYTES} bytes")
+    prompt = _text(raw, "text_input")
+    if not prompt:
+        raise InvalidArgument("text_input", "must not be empty")
+
+    fields: dict[str, object] = {"text_input": prompt}
+    for name in (n for n in INPUTS if n in inputs and n != "text_input"):
+        if name == "stop":
+            stops = (_text(s, "stop") for s in np.asarray(inputs["stop"]).reshape(-1))
+            fields["stop"] = tuple(s for s in stops if s)
+        else:
+            fields[name] = _READERS[INPUTS[name].data_type.config](inputs, name)
+    return fields
+
+
+def _scalar(inputs: Mapping[str, np.ndarray], name: str):
+    flat = np.asarray(inputs[name]).reshape(-1)
+    if flat.size != 1:
+        raise InvalidArgument(name, f"must hold exactly one value, got {flat.size}")
+    return flat[0]
+
+
+def _text(value, name: str) -> str:
+    if isinstance(value, (bytes, np.bytes_)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidArgument(name, "is not valid UTF-8") from None
+    if isinstance(value, str):
+        return value
+    raise InvalidArgument(name, f"must be a string, got {type(value).__name__}")
+
+
+def _int(inputs: Mapping[str, np.ndarray], name: str) -> int:
+    value = _scalar(inputs, name)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgument(name, f"must be an integer, got {np.asarray(value).dtype}")
+    return int(value)
+
+
+def _float(inputs: Mapping[str, np.ndarray], name: str) -> float:
+    value = _scalar(inputs, name)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (float, int, np.floating, np.integer)):
+        raise InvalidArgument(name, f"must be a number, got {np.asarray(value).dtype}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise InvalidArgument(name, "must be finite")
+    return value
+
+
+def _bool(inputs: Mapping[str, np.ndarray], name: str) -> bool:
+    value = _scalar(inputs, name)
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgument(name, f"must be a boolean, got {np.asarray(value).dtype}")
+    return bool(value)
+
+
+# the reader of a scalar input other than the prompt, by its config data type
+_READERS: dict[str, Callable[[Mapping[str, np.ndarray], str], object]] = {
+    "TYPE_INT32": _int, "TYPE_UINT64": _int, "TYPE_FP32": _float, "TYPE_BOOL": _bool,
+}
+
+
+# -- the caller's side: fields in, arrays out; responses in, Chunks out --------------------------------
+
+def request_fields(prompt: str, max_tokens: int, **options) -> dict[str, object]:
+    """The fields of one request; options valued None are left out (so the server's default applies).
+
+    Raises:
+        ValueError: an option that is no input.
+        InvalidArgument: an integer that its input's type cannot hold, naming the field.
+    """
+    fields: dict[str, object] = {"text_input": prompt, "max_tokens": int(max_tokens)}
+    for name, value in options.items():
+        if name not in INPUTS:
+            raise ValueError(f"unknown request field {name!r}; expected one of {sorted(INPUTS)}")
+        if value is not None:
+            fields[name] = list(value) if name == "stop" else value
+    for name, value in fields.items():
+        check_bounds(name, value, INPUTS[name].data_type)
+    return fields
+
+
+def check_bounds(name: str, value: object, data_type: DataType) -> None:
+    """Raise InvalidArgument naming `name` if `value` (one value or a list) is an integer out of `data_type`'s range."""
+    bounds = data_type.bounds
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if bounds is not None and any(isinstance(v, (int, np.integer)) and not bounds[0] <= v <= bounds[1]
+                                  for v in values):
+        raise InvalidArgument(name, f"must be between {bounds[0]} and {bounds[1]}, got {value}")
+
+
+def input_arrays(fields: Mapping[str, object], declared: Mapping[str, str] | None = None,
+                 batched: bool = False) -> list[tuple[str, str, np.ndarray]]:
+    """(name, wire data type, array) per field, typed as the model declares it (`declared`: input name ->
+    config data type, as its config.pbtxt has it; this schema's type where it names none this module
+    knows), with a batch dimension of 1 where the model batches (max_batch_size > 0).
+
+    Raises:
+        InvalidArgument: an integer that the declared type cannot hold, naming the field.
+    """
+    declared = declared or {}
+    arrays = []
+    for name, value in fields.items():
+        data_type = DATA_TYPES.get(declared.get(name, "")) or INPUTS[name].data_type
+        check_bounds(name, value, data_type)
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if data_type.dtype is np.object_:
+            values = [v.encode() if isinstance(v, str) else v for v in values]
+        array = np.array(values, dtype=data_type.dtype)
+        arrays.append((name, data_type.wire, array.reshape(1, -1) if batched else array))
+    return arrays
+
+
+class MalformedResponse(ValueError):
+    """A model's response lacks what every response carries (`text_output`)."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One response of a model: new text (a delta when streaming) and the model's counters."""
+
+    text: str
+    finish_reason: str | None        # "" on a response that does not end the request; None: no such output
+    num_input_tokens: int | None     # None where the model has no such output
+    num_output_tokens: int | None
+
+    @classmethod
+    def from_outputs(cls, output: Callable[[str], object]) -> Chunk:
+        """The Chunk of one response; `output(name)` gives the named output as an array (gRPC's
+        `InferResult.as_numpy`), a JSON value, scalar or nested lists (`/generate`'s body, `/infer`'s
+        `outputs`' data), or None where the response has none.
+
+        Raises:
+            MalformedResponse: the response has no `text_output`.
+        """
+        def first(name: str):
+            value = output(name)
+            if isinstance(value, np.ndarray):
+                value = value.reshape(-1)[:1].tolist()
+            while isinstance(value, list):
+                value = value[0] if value else None
+            return value
+
+        text, reason, num_in, num_out = (first(name) for name in
+                                         ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens"))
+        if text is None:
+            raise MalformedResponse("the response has no text_output")
+        return cls(text=_str(text), finish_reason=None if reason is None else _str(reason),
+                   num_input_tokens=None if num_in is None else int(num_in),
+                   num_output_tokens=None if num_out is None else int(num_out))
+
+
+def _str(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
