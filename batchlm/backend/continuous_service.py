@@ -60,7 +60,7 @@ class ContinuousBatchingService(BatchingService):
         A streamed request gets its first text as soon as it exists, then a response once
         `stream_interval` new tokens are buffered, and its final response when it finishes."""
         # NOTE: sender.is_cancelled() is an IPC round trip to the server. Asked for every waiting request at
-        # every step it cost a third of the step time; asked on the engine thread once per interval, 64
+        # every step it cost a third of the step time; asked on the engine thread once per period, 64
         # requests every 100 ms, still about 5%. A CancellationWatcher asks every request once per
         # `cancel_check_period` seconds from its own thread (streamed ones also stop at once when a
         # send fails).
