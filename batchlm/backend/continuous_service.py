@@ -3,8 +3,8 @@
 `submit()` runs on Triton's execute thread and only enqueues; the engine thread owns the LLMEngine (it
 builds it, see `batchlm.engine.owner_thread`): each turn it admits new requests, aborts the ones a
 `CancellationWatcher` found cancelled, runs one `step()` and sends what it produced.
-`close()` stops the thread and fails every pending request with UNAVAILABLE, so unload and shutdown
-are prompt and no request is dropped silently.
+`close()` stops the thread and fails every request it still holds or that waits with UNAVAILABLE, so
+unload and shutdown are prompt and no request is dropped silently.
 
 No request is left unanswered: whatever raises on the engine thread fails only the requests it touches
 with INTERNAL (a request that could not be added, every request of a failed step) and the thread goes
@@ -27,20 +27,14 @@ from dataclasses import dataclass
 from batchlm.engine.engine import LLMEngine
 from batchlm.engine.owner_thread import OwnerThread
 from batchlm.engine.request_output import RequestOutput
-from batchlm.errors import InvalidArgument, Unavailable
+from batchlm.errors import InvalidArgument
 from batchlm.backend import triton_io
+from batchlm.backend.batching_service import BatchingService, fail_quietly
 from batchlm.backend.cancellation_watcher import CancellationWatcher
 from batchlm.backend.fault_injection import FaultInjector
 from batchlm.backend.metrics import ModelMetrics
 from batchlm.backend.triton_io import GenerateRequest
 from batchlm.backend.stream_buffer import StreamBuffer
-
-
-class EngineStopped(RuntimeError):
-    """The engine thread has stopped: the model answers INTERNAL until it is reloaded."""
-
-    def __str__(self) -> str:
-        return self.args[0]
 
 
 @dataclass
@@ -57,36 +51,31 @@ class _Active:
     cancelled: bool = False  # the client cancelled, as last checked
 
 
-class ContinuousBatchingService:
+class ContinuousBatchingService(BatchingService):
     def __init__(self, build_engine: Callable[[], LLMEngine], metrics: ModelMetrics, max_waiting: int,
-                 cancel_check_interval: float, stream_interval: int, model_name: str,
+                 cancel_check_period: float, stream_interval: int, model_name: str,
                  fault_injection: str = "") -> None:
         """Builds the engine on the engine thread and returns when it is built (or raises).
 
         A streamed request gets its first text as soon as it exists, then a response once
         `stream_interval` new tokens are buffered, and its final response when it finishes."""
         # NOTE: sender.is_cancelled() is an IPC round trip to the server. Asked for every waiting request at
-        # every step it cost a third of the step time; asked on the engine thread once per interval, 64
+        # every step it cost a third of the step time; asked on the engine thread once per period, 64
         # requests every 100 ms, still about 5%. A CancellationWatcher asks every request once per
-        # `cancel_check_interval` seconds from its own thread (streamed ones also stop at once when a
+        # `cancel_check_period` seconds from its own thread (streamed ones also stop at once when a
         # send fails).
-        self._metrics = metrics
-        self._name = model_name  # in errors: a copy of the model under another name says its own
+        super().__init__(model_name, metrics, FaultInjector.parse(fault_injection))
         self._max_waiting = max_waiting
         self._stream_interval = stream_interval
-        self._faults = FaultInjector.parse(fault_injection)
         self._ids = itertools.count()
-        self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._inbox: list[tuple[str, _Active]] = []  # guarded by _lock
-        self._closed = False  # guarded by _lock
-        self._stopped: str | None = None  # why the engine thread stopped, if it did; guarded by _lock
         self._active: dict[str, _Active] = {}  # owned by the engine thread
         # requests waiting in the engine: its count after the last step, plus the ones taken from the inbox
         # since; guarded by _lock
         self._engine_waiting = 0
         self._cancelled: list[str] = []  # ids the watcher found cancelled, guarded by _lock
-        self._watcher = CancellationWatcher(cancel_check_interval, self._on_cancelled)
+        self._watcher = CancellationWatcher(cancel_check_period, self._on_cancelled)
         try:
             self._thread = OwnerThread("batchlm-engine", build_engine, self._run)
         except BaseException:
@@ -109,15 +98,10 @@ class ContinuousBatchingService:
             triton_io.send_final(sender, triton_io.error_response(exc))
             return
         with self._lock:
-            if self._stopped is not None:
-                error = EngineStopped(self._stopped)
-            elif self._closed:
-                error = Unavailable(f"{self._name} is unloading; retry later")
-            elif len(self._inbox) + self._engine_waiting >= self._max_waiting:
-                error = Unavailable(
-                    f"{self._name} is overloaded: {self._max_waiting} requests already waiting")
-            else:
-                error = None
+            error = self._refusal()
+            if error is None and len(self._inbox) + self._engine_waiting >= self._max_waiting:
+                error = self._overloaded(self._max_waiting)
+            if error is None:
                 buffer = StreamBuffer(request.stream, self._stream_interval)
                 active = _Active(request, prompt_ids, sender, arrival, buffer, deadline)
                 self._inbox.append((f"req-{next(self._ids)}", active))
@@ -125,23 +109,18 @@ class ContinuousBatchingService:
         if error is not None:
             triton_io.send_final(sender, triton_io.error_response(error))
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the watcher and the engine thread within `timeout` seconds in all; fail what is still
-        pending with UNAVAILABLE."""
-        deadline = time.monotonic() + timeout
+    def _drain(self, deadline: float) -> None:
+        """Stop the watcher and the engine thread; fail what is still held or waiting with UNAVAILABLE."""
         with self._lock:
-            self._closed = True
             self._wake.notify()
-        self._watcher.close(timeout)
+        self._watcher.close(max(0.0, deadline - time.monotonic()))
         self._thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            pending = self._inbox
-            self._inbox = []
-        pending += list(self._active.items())
+            waiting, self._inbox = self._inbox, []
+        held = list(self._active.values())
         self._active.clear()
-        error = Unavailable(f"{self._name} was unloaded before the request finished")
-        for _, active in pending:
-            triton_io.send_final_quietly(active.sender, triton_io.error_response(error))
+        fail_quietly((active.sender for _, active in waiting), self._unloaded())
+        fail_quietly((active.sender for active in held), self._unloaded())
 
     # -- the watcher's thread ---------------------------------------------------------------
     def _on_cancelled(self, request_ids: list[str]) -> None:
@@ -155,14 +134,13 @@ class ContinuousBatchingService:
         try:
             self._serve()
         except BaseException as exc:  # noqa: BLE001 - the thread cannot go on: answer everyone, refuse the rest
-            self._stop_serving(exc)
+            self._fail_all(self._stop_serving(exc))
 
     def _serve(self) -> None:
         while True:
             self._faults.hit("loop")  # NOTE: between turns: every request is then in _active or the inbox
             if not self._engine.has_unfinished():
-                self._record_queue()  # NOTE: also publishes the KV pool from the load on, before any request
-                self._metric(self._metrics.record_idle)
+                self._record_idle()  # NOTE: also publishes the KV pool from the load on, before any request
             with self._lock:
                 while not self._closed and not self._inbox and not self._engine.has_unfinished():
                     self._wake.wait()
@@ -238,18 +216,14 @@ class ContinuousBatchingService:
             active = self._active.get(out.request_id)
             if active is not None:
                 self._deliver(out, active, now)
-        self._metric(self._metrics.record_step, stats.last_num_seqs, new_tokens)
+        self._record(self._metrics.record_step, stats.last_num_seqs, new_tokens)
 
-    def _record_queue(self) -> None:
+    def _queue_snapshot(self) -> tuple[int, int, int, int]:
+        """Also replaces the engine's waiting count kept since the inbox was taken (see `_serve`) by
+        the engine's own; called on the engine thread alone."""
         stats = self._engine.stats()
-        with self._lock:
-            self._engine_waiting = stats.num_waiting
-            waiting = stats.num_waiting + len(self._inbox)
-        self._metric(self._metrics.record_queue, waiting, stats.num_running, stats.kv_blocks_used,
-                     stats.kv_blocks_total)
-
-    def _metric(self, record: Callable[..., None], *args) -> None:
-        triton_io.record_metric(self._faults, self._name, record, *args)
+        self._engine_waiting = stats.num_waiting
+        return stats.num_waiting + len(self._inbox), stats.num_running, stats.kv_blocks_used, stats.kv_blocks_total
 
     def _fail_all(self, exc: BaseException) -> None:
         triton_io.log_error(f"engine step failed, failing {len(self._active)} requests: {exc!r}")
@@ -262,32 +236,15 @@ class ContinuousBatchingService:
             triton_io.send_final_quietly(active.sender, triton_io.error_response(exc))
         self._active.clear()
 
-    @property
-    def serving(self) -> bool:
-        """False once the engine thread has stopped: every request then fails until a reload."""
-        with self._lock:
-            return self._stopped is None
-
-    def _stop_serving(self, exc: BaseException) -> None:
-        """The engine thread cannot go on: fail what it held and what waits, and refuse what comes."""
-        reason = f"{self._name}: the engine thread stopped ({type(exc).__name__}: {exc}); reload the model"
-        triton_io.log_error(reason)
-        with self._lock:
-            self._stopped = reason
-            pending, self._inbox = self._inbox, []
-        error = EngineStopped(reason)
-        try:
-            self._metrics.record_stopped()  # batchlm_serving_up 0: what the serve command's supervisor watches
-        except Exception as exc:  # noqa: BLE001 - the requests are failed below all the same
-            triton_io.log_error(f"a metrics update failed: {exc!r}")
-        self._fail_all(error)
-        for _, active in pending:
-            triton_io.send_final_quietly(active.sender, triton_io.error_response(error))
+    def _take_waiting(self) -> list:
+        """The inbox's requests (the caller holds _lock)."""
+        waiting, self._inbox = self._inbox, []
+        return [active.sender for _, active in waiting]
 
     def _deliver(self, out: RequestOutput, active: _Active, now: float) -> None:
         if out.token_ids and not active.first_token_seen:
             active.first_token_seen = True
-            self._metric(self._metrics.record_first_token, now - active.arrival)
+            self._record(self._metrics.record_first_token, now - active.arrival)
         if out.finished:
             del self._active[out.request_id]
             self._watcher.unwatch(out.request_id)  # before the final send: Triton then frees the sender

@@ -27,44 +27,37 @@ BaseException) makes each of these happen on purpose.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from batchlm.engine.batch_generator import BatchGenerator
 from batchlm.engine.sequence import FinishReason
 from batchlm.errors import InvalidArgument
 from batchlm.backend import triton_io
+from batchlm.backend.batching_service import BatchingService
 from batchlm.backend.cancel_poll import CancelPoll, leave_check
-from batchlm.backend.continuous_service import EngineStopped
 from batchlm.backend.fault_injection import REQUEST_LEVEL_POINTS, FaultInjector
 from batchlm.backend.metrics import ModelMetrics
 
 
-class DynamicBatchingService:
+class DynamicBatchingService(BatchingService):
     """Triton calls `execute` one batch at a time (one instance, one stub thread): nothing here is shared
-    between threads."""
+    between threads. It has no thread of its own and holds nothing between calls, so `close` has nothing
+    to drain."""
 
     def __init__(self, generator: BatchGenerator, metrics: ModelMetrics, model_name: str,
                  cancel_check_period: float = 0.1, fault_injection: str = "") -> None:
         """Raises InvalidArgument("fault_injection") for a plan naming a point this model does not have."""
-        self._faults = FaultInjector.parse(fault_injection, points=REQUEST_LEVEL_POINTS)
+        super().__init__(model_name, metrics, FaultInjector.parse(fault_injection, points=REQUEST_LEVEL_POINTS))
         self._generator = generator
-        self._metrics = metrics
-        self._name = model_name
         self._cancel_check_period = cancel_check_period
-        self._stopped: str | None = None  # why the engine cannot run another batch, if it cannot
-        self._quietly(lambda: metrics.record_queue(0, 0, *generator.kv_usage()))  # the KV pool from the load on
-        self._quietly(metrics.record_idle)
-
-    @property
-    def serving(self) -> bool:
-        """False once the engine was left unable to run another batch: every request then fails until a
-        reload."""
-        return self._stopped is None
+        self._running = 0  # rows in the forward pass of the batch being run, for metrics only
+        self._record_idle()  # the KV pool from the load on
 
     def execute(self, raw_requests: list) -> list:
         """One response per request, in order; never raises."""
-        if self._stopped is not None:
-            return [triton_io.error_response(EngineStopped(self._stopped)) for _ in raw_requests]
+        with self._lock:
+            refusal = self._refusal()
+        if refusal is not None:
+            return [triton_io.error_response(refusal) for _ in raw_requests]
         responses: list = [None] * len(raw_requests)
         try:
             self._execute(raw_requests, responses)
@@ -91,7 +84,8 @@ class DynamicBatchingService:
             self._run(batch, responses, start)
 
     def _run(self, batch: list, responses: list, start: float) -> None:
-        self._quietly(lambda: self._metrics.record_queue(0, len(batch), *self._generator.kv_usage()))
+        self._running = len(batch)
+        self._record_queue()
         try:
             poll = CancelPoll([leave_check(raw.is_cancelled, deadline) for _, _, raw, deadline in batch],
                               self._cancel_check_period)
@@ -103,8 +97,8 @@ class DynamicBatchingService:
                 responses[i] = triton_io.error_response(exc)
             return
         finally:
-            self._quietly(lambda: self._metrics.record_queue(0, 0, *self._generator.kv_usage()))
-            self._quietly(self._metrics.record_idle)  # NOTE: after the gauges' update, which this flush pushes
+            self._running = 0
+            self._record_idle()
         now = time.monotonic()
         for (i, _, _, deadline), out in zip(batch, outputs):
             try:
@@ -117,11 +111,12 @@ class DynamicBatchingService:
 
     def _on_step(self, num_sequences: int, new_tokens: int) -> None:
         self._faults.hit("step")  # NOTE: raised as the step returns: the batch's rows are aborted, it fails
-        self._quietly(self._metrics.record_step, num_sequences, new_tokens)
-        self._quietly(lambda: self._metrics.record_queue(0, num_sequences, *self._generator.kv_usage()))
+        self._record(self._metrics.record_step, num_sequences, new_tokens)
+        self._running = num_sequences
+        self._record_queue()
 
-    def _quietly(self, record: Callable[..., None], *args) -> None:
-        triton_io.record_metric(self._faults, self._name, record, *args)
+    def _queue_snapshot(self) -> tuple[int, int, int, int]:
+        return (0, self._running, *self._generator.kv_usage())  # Triton's queue holds the waiting ones
 
     def _fail_unanswered(self, responses: list, exc: BaseException) -> None:
         """Answer INTERNAL every request of the batch that has no response yet. If the engine was left
@@ -133,11 +128,7 @@ class DynamicBatchingService:
         except Exception:  # noqa: BLE001 - an engine that cannot say is not trusted with another batch
             left_busy = True
         if left_busy:
-            self._stopped = (f"{self._name}: the engine was left mid-batch ({type(exc).__name__}: {exc}); "
-                             "reload the model")
-            triton_io.log_error(self._stopped)
-            self._quietly(self._metrics.record_stopped)  # batchlm_serving_up 0, for the serve command's supervisor
-            exc = EngineStopped(self._stopped)
+            exc = self._stop_serving(exc, "the engine was left mid-batch")
         for i, response in enumerate(responses):
             if response is None:
                 responses[i] = triton_io.error_response(exc)

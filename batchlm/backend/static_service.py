@@ -49,8 +49,8 @@ from batchlm.engine.owner_thread import OwnerThread
 from batchlm.engine.sequence import FinishReason
 from batchlm.errors import InvalidArgument, Unavailable
 from batchlm.backend import triton_io
+from batchlm.backend.batching_service import BatchingService, EngineStopped, fail_quietly
 from batchlm.backend.cancel_poll import CancelPoll, leave_check
-from batchlm.backend.continuous_service import EngineStopped
 from batchlm.backend.fault_injection import REQUEST_LEVEL_POINTS, FaultInjector
 from batchlm.backend.metrics import ModelMetrics
 from batchlm.backend.triton_io import GenerateRequest
@@ -71,7 +71,9 @@ class _Parked:
         return self.deadline is not None and now >= self.deadline
 
 
-class StaticBatchingService:
+class StaticBatchingService(BatchingService):
+    _close_timeout = 60.0  # a running batch finishes first
+
     def __init__(self, build_generator: Callable[[], BatchGenerator], metrics: ModelMetrics, batch_size: int,
                  max_waiting: int, model_name: str, is_ready: Callable[[], bool] | None = None,
                  watch_interval: float = 0.5, is_superseded: Callable[[], bool] = lambda: False,
@@ -83,17 +85,12 @@ class StaticBatchingService:
         if max_waiting < batch_size:
             raise InvalidArgument("max_waiting", f"{max_waiting} is below batch_size={batch_size}: requests "
                                                  "past it are refused, so no batch could ever fill")
-        self._faults = FaultInjector.parse(fault_injection, points=REQUEST_LEVEL_POINTS)
-        self._metrics = metrics
+        super().__init__(model_name, metrics, FaultInjector.parse(fault_injection, points=REQUEST_LEVEL_POINTS))
         self._cancel_check_period = cancel_check_period
         self._batch_size = batch_size
         self._max_waiting = max_waiting
         self._max_wait = max_wait  # seconds; 0: an incomplete batch waits for ever
-        self._name = model_name
-        self._lock = threading.Lock()
         self._parked: list[_Parked] = []  # guarded by _lock
-        self._closed = False  # guarded by _lock
-        self._stopped: str | None = None  # why the worker thread stopped, if it did; guarded by _lock
         self._batches: queue.Queue = queue.Queue()
         self._running = 0  # rows in the batch being run, for metrics only; guarded by _lock
         self._worker = OwnerThread("batchlm-static", build_generator, self._run)
@@ -116,7 +113,7 @@ class StaticBatchingService:
             if not isinstance(exc, (InvalidArgument, Unavailable, EngineStopped)):
                 triton_io.log_error(f"{self._name}: parking a request failed: {exc!r}")
             triton_io.send_final_quietly(sender, triton_io.error_response(exc))
-        self._quietly(self._record_queue)
+        self._record_queue()
 
     def _park(self, raw_request, sender) -> None:
         arrival = time.monotonic()
@@ -125,12 +122,10 @@ class StaticBatchingService:
         self._faults.hit("admit")
         self._drop_cancelled()
         with self._lock:
-            if self._stopped is not None:
-                raise EngineStopped(self._stopped)
-            if self._closed:
-                raise Unavailable(f"{self._name} is unloading; retry later")
+            if (refusal := self._refusal()) is not None:
+                raise refusal
             if self._waiting() >= self._max_waiting:
-                raise Unavailable(f"{self._name} is overloaded: {self._max_waiting} requests already waiting")
+                raise self._overloaded(self._max_waiting)
             self._parked.append(_Parked(request, sender, arrival, deadline))
             if len(self._parked) >= self._batch_size:
                 batch, self._parked = self._parked[: self._batch_size], self._parked[self._batch_size:]
@@ -138,17 +133,16 @@ class StaticBatchingService:
             if self._parked and (self._max_wait or deadline is not None):
                 self._poke.set()  # the watchdog's next look may be due sooner than its interval
 
-    def close(self, timeout: float = 60.0) -> None:
-        """Refuse new requests, fail parked ones, let a running batch finish, stop the threads.
+    def _drain(self, deadline: float) -> None:
+        """Fail parked requests, let a running batch finish, stop the threads.
 
         Returns only once the watchdog has stopped too: its checks are calls to the server, and one
         still in flight when `finalize` returns makes tritonserver abort (boost lock_exception) as the
         stub is torn down."""
-        deadline = time.monotonic() + timeout
         self._stop_watch.set()
         self._poke.set()
         if self._watcher is not None:
-            self._watcher.join(timeout)
+            self._watcher.join(max(0.0, deadline - time.monotonic()))
         self._fail_parked()
         self._batches.put(_STOP)
         self._worker.join(max(0.0, deadline - time.monotonic()))
@@ -157,10 +151,8 @@ class StaticBatchingService:
         with self._lock:
             self._closed = True
             parked, self._parked = self._parked, []
-        error = Unavailable(f"{self._name} was {what} before a full batch of "
-                            f"{self._batch_size} requests arrived")
-        for entry in parked:
-            triton_io.send_final_quietly(entry.sender, triton_io.error_response(error))
+        fail_quietly((entry.sender for entry in parked),
+                     Unavailable(f"{self._name} was {what} before a full batch of {self._batch_size} requests arrived"))
 
     def _drop_cancelled(self) -> None:
         """Close the parked requests whose clients cancelled. Each gets its one response (CANCELLED)
@@ -180,8 +172,8 @@ class StaticBatchingService:
         for entry in removed:
             triton_io.send_final_quietly(entry.sender, triton_io.cancelled_response(self._name))
         if removed:  # NOTE: pushed now: with nothing left parked the watchdog flushes nothing more
-            self._quietly(self._record_queue)
-            self._quietly(self._metrics.flush)
+            self._record_queue()
+            self._record(self._metrics.flush)
 
     def _expire_and_release(self) -> None:
         """Answer the parked requests whose timeout passed (UNAVAILABLE), and release an incomplete batch
@@ -197,8 +189,8 @@ class StaticBatchingService:
             triton_io.send_final_quietly(entry.sender, triton_io.error_response(
                 triton_io.timed_out(self._name, now - entry.arrival)))
         if expired:
-            self._quietly(self._record_queue)
-            self._quietly(self._metrics.flush)
+            self._record_queue()
+            self._record(self._metrics.flush)
 
     def _next_look(self, interval: float) -> float:
         """Seconds until the watchdog must look again: `interval`, or sooner if a parked request's
@@ -259,8 +251,7 @@ class StaticBatchingService:
 
     def _run(self, generator: BatchGenerator) -> None:
         self._generator = generator
-        self._quietly(self._record_queue)  # the KV pool from the load on, before any request
-        self._quietly(self._metrics.record_idle)
+        self._record_idle()  # the KV pool from the load on, before any request
         held: list[_Parked] = []
         try:
             while (batch := self._batches.get()) is not _STOP:
@@ -271,35 +262,20 @@ class StaticBatchingService:
                 except Exception as exc:  # noqa: BLE001 - whatever escaped _run_batch's own guards: answer
                     # the batch (a row already answered just logs a failed send), keep the worker
                     triton_io.log_error(f"{self._name}: batch failed outside its guards: {exc!r}")
-                    for entry in batch:
-                        triton_io.send_final_quietly(entry.sender, triton_io.error_response(exc))
+                    fail_quietly((entry.sender for entry in batch), exc)
                 held = []
         except BaseException as exc:  # noqa: BLE001 - the thread cannot go on: answer everyone, refuse the rest
-            self._stop_serving(exc, held)
+            fail_quietly((entry.sender for entry in held), self._stop_serving(exc))
+            self._record_queue()
 
-    def _stop_serving(self, exc: BaseException, held: list[_Parked]) -> None:
-        """The worker thread cannot go on: fail the batch it held and every request that waits, and
-        refuse what comes (`submit` raises EngineStopped)."""
-        reason = f"{self._name}: the engine thread stopped ({type(exc).__name__}: {exc}); reload the model"
-        triton_io.log_error(reason)
-        with self._lock:
-            self._stopped = reason
-            self._running = 0
-            waiting, self._parked = self._parked, []
-            while not self._batches.empty():
-                queued = self._batches.get_nowait()
-                waiting += [] if queued is _STOP else queued
-        self._quietly(self._metrics.record_stopped)  # batchlm_serving_up 0: what the serve command's supervisor watches
-        error = EngineStopped(reason)
-        for entry in held + waiting:
-            triton_io.send_final_quietly(entry.sender, triton_io.error_response(error))
-        self._quietly(self._record_queue)
-
-    @property
-    def serving(self) -> bool:
-        """False once the worker thread has stopped: every request then fails until a reload."""
-        with self._lock:
-            return self._stopped is None
+    def _take_waiting(self) -> list:
+        """The parked requests and the full batches queued behind the held one (the caller holds _lock)."""
+        self._running = 0
+        waiting, self._parked = self._parked, []
+        while not self._batches.empty():
+            queued = self._batches.get_nowait()
+            waiting += [] if queued is _STOP else queued
+        return [entry.sender for entry in waiting]
 
     def _run_batch(self, batch: list[_Parked]) -> None:
         with self._lock:
@@ -312,14 +288,12 @@ class StaticBatchingService:
                 [(e.request.prompt, e.request.params) for e in batch], on_step=self._on_step, cancelled_rows=poll.poll)
         except Exception as exc:  # noqa: BLE001 - answer every request of the batch, keep serving
             triton_io.log_error(f"{self._name}: batch failed: {exc!r}")
-            for entry in batch:
-                triton_io.send_final_quietly(entry.sender, triton_io.error_response(exc))
+            fail_quietly((entry.sender for entry in batch), exc)
             return
         finally:
             with self._lock:
                 self._running = 0
-            self._quietly(self._record_queue)
-            self._quietly(self._metrics.record_idle)  # NOTE: after the gauges' update, which this flush pushes
+            self._record_idle()
         now = time.monotonic()
         for entry, out in zip(batch, outputs):
             try:
@@ -339,23 +313,15 @@ class StaticBatchingService:
 
     def _on_step(self, num_sequences: int, new_tokens: int) -> None:
         self._faults.hit("step")  # NOTE: raised as the step returns: the batch's rows are aborted, it fails
-        self._quietly(self._metrics.record_step, num_sequences, new_tokens)
-        self._quietly(self._record_queue)
-
-    def _quietly(self, record: Callable[..., None], *args) -> None:
-        triton_io.record_metric(self._faults, self._name, record, *args)
+        self._record(self._metrics.record_step, num_sequences, new_tokens)
+        self._record_queue()
 
     def _waiting(self) -> int:
         """Requests parked or in full batches behind the running one; the caller holds _lock."""
         return len(self._parked) + self._batches.qsize() * self._batch_size
 
-    def _record_queue(self) -> None:
-        """Publish waiting and running. Submits and the worker both call this: the snapshot is set
-        under the lock, so a submit that read `running` before a batch ended cannot set it after the
-        worker set 0 (which would read as a batch running until the next request came)."""
-        with self._lock:
-            self._metrics.set_queue(self._waiting(), self._running, *self._generator.kv_usage())
-        self._metrics.flush_if_due()
+    def _queue_snapshot(self) -> tuple[int, int, int, int]:
+        return (self._waiting(), self._running, *self._generator.kv_usage())
 
 
 def _asks_cancelled(sender) -> bool:

@@ -5,7 +5,7 @@ read `config.pbtxt` parameters. Imported only inside the backend stub (needs tri
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,13 +75,14 @@ def parse_request_level(request, generator, model_name: str) -> GenerateRequest:
     if parsed.stream:
         raise InvalidArgument("stream", f"{model_name} cannot stream: it answers once, when its whole batch "
                               "is done; use continuous_batching for stream=true")
-    check_fits(generator, parsed)
+    check_fits(generator.engine, parsed)
     return parsed
 
 
-def check_fits(engine, parsed: GenerateRequest):
-    """`engine.check_fits` on the request's prompt and parameters (an LLMEngine's returns the token
-    ids), with a refusal of the prompt named as the input the client sent, `text_input`."""
+def check_fits(engine, parsed: GenerateRequest) -> list[int]:
+    """`engine.check_fits(prompt, params)` on the request (an LLMEngine, or the TensorRT-LLM front): the
+    prompt's token ids, or InvalidArgument naming a refused prompt as the input the client sent,
+    `text_input`. Every model checks a request's size here, so the input is named in this one place."""
     try:
         return engine.check_fits(parsed.prompt, parsed.params)
     except InvalidArgument as exc:
@@ -146,15 +147,6 @@ def triton_error(exc: BaseException) -> "pb_utils.TritonError":
 
 def send_final(sender, response) -> None:
     sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-
-def record_metric(faults, model_name: str, record: Callable[..., None], *args) -> None:
-    """A metrics update (the `metrics` fault point first): one that fails is logged and fails no request."""
-    try:
-        faults.hit("metrics")
-        record(*args)
-    except Exception as exc:  # noqa: BLE001 - metrics are not worth a request
-        log_error(f"{model_name}: a metrics update failed: {exc!r}")
 
 
 def log_error(message: str) -> None:

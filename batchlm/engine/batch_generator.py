@@ -39,11 +39,6 @@ class BatchGenerator:
     def engine(self) -> LLMEngine:
         return self._engine
 
-    def check_fits(self, prompt: Prompt, params: SamplingParams) -> None:
-        """Raise InvalidArgument unless this request could run in some batch (alone, at least).
-        Reads only the config and the tokenizer: safe from any thread, also while a batch runs."""
-        self._engine.check_fits(prompt, params)
-
     def kv_usage(self) -> tuple[int, int]:
         """(KV blocks used, KV blocks in total); a snapshot that any thread may read for metrics."""
         allocator = self._engine.allocator

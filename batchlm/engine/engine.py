@@ -121,12 +121,12 @@ class LLMEngine:
         A text too long for the model whatever its tokens is refused before it is tokenized (see
         `Tokenizer.max_bytes_per_token`): tokenizing 64 KiB takes ~25 ms of CPU that a refusal need not cost."""
         per_token = self.tokenizer.max_bytes_per_token if isinstance(prompt, str) else None
-        limit = min(self.config.max_model_len, self.config.num_kv_tokens)
+        limit = self.config.max_request_tokens
         if per_token is not None and (size := len(prompt.encode())) > limit * per_token:
             raise InvalidArgument("prompt", f"{size} bytes cannot fit the limit of {limit} tokens (a token "
                                             f"stands for at most {per_token} bytes); refused before tokenizing")
         ids = self.encode(prompt)
-        check_fits(self.config, len(ids), params.max_tokens)
+        check_fits(len(ids), params.max_tokens, limit)
         return ids
 
     # --- the loop ---

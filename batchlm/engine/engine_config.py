@@ -88,6 +88,12 @@ class EngineConfig:
         """Token slots in the whole KV cache."""
         return self.num_kv_blocks * self.block_size
 
+    @property
+    def max_request_tokens(self) -> int:
+        """The most tokens one request may hold, prompt + max_tokens: its context, and what a request
+        alone can reserve of the KV cache."""
+        return min(self.max_model_len, self.num_kv_tokens)
+
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Any], strict: bool = False) -> EngineConfig:
         """Build from string values, as Triton `config.pbtxt` `parameters` provide them.

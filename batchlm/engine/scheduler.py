@@ -89,7 +89,7 @@ class Scheduler:
         """Queue a new sequence; raises InvalidArgument if it could never fit."""
         if seq.request_id in self._unfinished:
             raise InvalidArgument("request_id", f"{seq.request_id!r} is already in flight")
-        check_fits(self.config, seq.num_prompt_tokens, seq.params.max_tokens)
+        check_fits(seq.num_prompt_tokens, seq.params.max_tokens, self.config.max_request_tokens)
         self.waiting.append(seq)
         self._unfinished[seq.request_id] = seq
 
@@ -220,15 +220,13 @@ class Scheduler:
         return -(-num_tokens // self.config.block_size)
 
 
-def check_fits(config: EngineConfig, num_prompt_tokens: int, max_tokens: int) -> None:
-    """Raise InvalidArgument unless a request of this size could run, alone, under `config`."""
+def check_fits(num_prompt_tokens: int, max_tokens: int, limit: int) -> None:
+    """The rule of a request's size, for every engine: raise InvalidArgument unless its prompt is not
+    empty and prompt + max_tokens fits in `limit` tokens (batchlm's engine: `EngineConfig.max_request_tokens`,
+    its context and its KV reservation; the TensorRT-LLM front: its `max_model_len`). The prompt is
+    named `prompt`; the Triton side names it as its input (`triton_io.check_fits`)."""
     if num_prompt_tokens == 0:
         raise InvalidArgument("prompt", "is empty")
-    check_request_size(num_prompt_tokens, max_tokens, min(config.max_model_len, config.num_kv_tokens))
-
-
-def check_request_size(num_prompt_tokens: int, max_tokens: int, limit: int) -> None:
-    """Raise InvalidArgument unless prompt + max_tokens fits in `limit` tokens (an engine's max length)."""
     if num_prompt_tokens > limit:
         raise InvalidArgument("prompt", f"{num_prompt_tokens} tokens exceed the limit of {limit}")
     if num_prompt_tokens + max_tokens > limit:

@@ -97,20 +97,21 @@ def test_batch_generator_ends_a_batch_whose_rows_are_all_cancelled(parts):
 
 
 def test_check_fits_names_the_field(parts):
-    generator = BatchGenerator(*parts, EngineConfig(num_kv_blocks=64, max_model_len=256))
-    generator.check_fits("Hello", greedy(200))
+    # the engine of a batch generator: what request-level models check a request with, while a batch runs
+    engine = BatchGenerator(*parts, EngineConfig(num_kv_blocks=64, max_model_len=256)).engine
+    engine.check_fits("Hello", greedy(200))
     with pytest.raises(InvalidArgument) as err:
-        generator.check_fits("Hello", greedy(255))
+        engine.check_fits("Hello", greedy(255))
     assert err.value.field == "max_tokens"
     with pytest.raises(InvalidArgument) as err:
-        generator.check_fits([1] * 300, greedy(1))
+        engine.check_fits([1] * 300, greedy(1))
     assert err.value.field == "prompt"
     per_token = parts[1].max_bytes_per_token
     with pytest.raises(InvalidArgument) as err:  # more bytes than 256 tokens hold: before tokenizing
-        generator.check_fits("a" * (256 * per_token + 1), greedy(1))
+        engine.check_fits("a" * (256 * per_token + 1), greedy(1))
     assert err.value.field == "prompt" and "before tokenizing" in err.value.message
     with pytest.raises(InvalidArgument) as err:  # as many bytes as 256 tokens hold: tokenized, then refused
-        generator.check_fits("ab " * (256 * per_token // 3), greedy(1))
+        engine.check_fits("ab " * (256 * per_token // 3), greedy(1))
     assert err.value.field == "prompt" and "tokens exceed the limit of 256" in err.value.message
 
 

@@ -7,7 +7,7 @@ import pytest
 from batchlm.engine.block_allocator import BlockAllocator
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from batchlm.engine.scheduler import KVPolicy, Scheduler, SchedulerOutput
+from batchlm.engine.scheduler import KVPolicy, Scheduler, SchedulerOutput, check_fits
 from batchlm.engine.sequence import FinishReason, Sequence, SequenceStatus
 from batchlm.errors import InvalidArgument
 
@@ -243,6 +243,15 @@ def test_add_rejects_what_can_never_fit(prompt_len, max_tokens, field):
     with pytest.raises(InvalidArgument) as err:
         sched.add(make_seq(prompt_len=prompt_len, max_tokens=max_tokens))
     assert err.value.field == field
+
+
+def test_the_request_size_rule_is_a_prompt_and_its_max_tokens_within_the_limit():
+    check_fits(60, 4, 64)  # exactly the limit
+    for prompt_len, max_tokens, field in ((0, 4, "prompt"), (65, 1, "prompt"), (60, 5, "max_tokens")):
+        with pytest.raises(InvalidArgument) as err:
+            check_fits(prompt_len, max_tokens, 64)
+        assert err.value.field == field
+    assert make_config().max_request_tokens == 64
 
 
 def test_add_rejects_duplicate_request_id():

@@ -34,11 +34,12 @@ from typing import Protocol
 
 from batchlm.engine.request_output import RequestOutput
 from batchlm.engine.sampling import SamplingParams
-from batchlm.engine.scheduler import check_request_size
+from batchlm.engine.scheduler import check_fits
 from batchlm.engine.sequence import FinishReason, Sequence
-from batchlm.errors import InvalidArgument, Unavailable
+from batchlm.errors import InvalidArgument
 from batchlm.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from batchlm.backend import triton_io
+from batchlm.backend.batching_service import BatchingService
 from batchlm.backend.cancellation_watcher import CancellationWatcher
 from batchlm.backend.metrics import ModelMetrics
 from batchlm.backend.triton_io import GenerateRequest
@@ -92,20 +93,19 @@ class _Flight:
     last_response: float | None = None  # monotonic time of the engine's last response; None before its first
 
 
-class TrtllmFrontService:
-    def __init__(self, name: str, config: TrtllmFrontConfig, tokenizer: Tokenizer, backend: TokenBackend,
+class TrtllmFrontService(BatchingService):
+    """The front runs no engine of its own, so it never stops: a failed request fails alone."""
+
+    def __init__(self, model_name: str, config: TrtllmFrontConfig, tokenizer: Tokenizer, backend: TokenBackend,
                  metrics: ModelMetrics, reaper: BlsReaper | None = None) -> None:
-        self._name = name
+        super().__init__(model_name, metrics)
         self._config = config
         self._tokenizer = tokenizer
         self._end_id = trtllm_protocol.end_id(tokenizer.eos_token_ids)  # the one the engine stops at
         self._backend = backend
-        self._metrics = metrics
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]  # NOTE: engine request ids must be unique across instances
-        self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}  # guarded by _lock
-        self._closed = False  # guarded by _lock
         self._watcher = CancellationWatcher(config.cancellation_check_period_ms / 1000, self._on_cancelled,
                                             name="batchlm-trtllm-cancel-watch", reaper=reaper)
         self._stop_sweep = threading.Event()
@@ -119,8 +119,7 @@ class TrtllmFrontService:
         arrival = time.monotonic()
         try:
             request = triton_io.parse_request(raw_request)
-            prompt_ids = self._tokenizer.encode(request.prompt)
-            check_request_size(len(prompt_ids), request.params.max_tokens, self._config.max_model_len)
+            prompt_ids = triton_io.check_fits(self, request)
             trtllm_protocol.check_params(request.params)
         except InvalidArgument as exc:
             triton_io.send_final(sender, triton_io.error_response(exc))
@@ -131,13 +130,10 @@ class TrtllmFrontService:
         flight = _Flight(request_id, request, sender, arrival, seq,
                          StreamBuffer(request.stream, self._config.stream_interval))
         with self._lock:
-            if self._closed:
-                error = Unavailable(f"{self._name} is unloading; retry later")
-            elif len(self._flights) >= self._config.max_in_flight:
-                error = Unavailable(f"{self._name} is overloaded: {self._config.max_in_flight} requests "
-                                    "already in flight")
-            else:
-                error = None
+            error = self._refusal()
+            if error is None and len(self._flights) >= self._config.max_in_flight:
+                error = self._overloaded(self._config.max_in_flight, "in flight")
+            if error is None:
                 self._flights[request_id] = flight
                 flight.worker = threading.Thread(target=self._serve, args=(flight,), name=f"batchlm-{request_id}",
                                                  daemon=True)
@@ -146,19 +142,23 @@ class TrtllmFrontService:
             triton_io.send_final(sender, triton_io.error_response(error))
             return
         self._watcher.watch(request_id, sender)
-        self._metrics.record_in_flight(in_flight)
+        self._record(self._metrics.record_in_flight, in_flight)
         flight.worker.start()
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the engine's requests and the workers within `timeout` seconds; a client that got no
-        final response by then gets UNAVAILABLE from its worker."""
-        deadline = time.monotonic() + timeout
+    def check_fits(self, prompt: str, params: SamplingParams) -> list[int]:
+        """The prompt's token ids, or InvalidArgument unless prompt + max_tokens fits `max_model_len`."""
+        prompt_ids = self._tokenizer.encode(prompt)
+        check_fits(len(prompt_ids), params.max_tokens, self._config.max_model_len)
+        return prompt_ids
+
+    def _drain(self, deadline: float) -> None:
+        """Stop the engine's requests and the workers; a client that got no final response by then gets
+        UNAVAILABLE from its worker."""
         with self._lock:
-            self._closed = True
             flights = list(self._flights.values())
-        self._watcher.close(timeout)
+        self._watcher.close(max(0.0, deadline - time.monotonic()))
         self._stop_sweep.set()
-        self._sweeper.join(timeout)
+        self._sweeper.join(max(0.0, deadline - time.monotonic()))
         for flight in flights:
             self._stop_engine_request(flight)
         for flight in flights:
@@ -197,7 +197,7 @@ class TrtllmFrontService:
             with self._lock:
                 self._flights.pop(flight.request_id, None)
                 in_flight = len(self._flights)
-            self._metrics.record_in_flight(in_flight)
+            self._record(self._metrics.record_in_flight, in_flight)
 
     def _on_sent(self, flight: _Flight) -> None:
         """The engine has the request now: a stop asked for before (a cancel or a close in between)
@@ -211,14 +211,14 @@ class TrtllmFrontService:
             return
         seq = flight.seq
         if new_ids and seq.num_output_tokens == 0:
-            self._metrics.record_first_token(time.monotonic() - flight.arrival)
+            self._record(self._metrics.record_first_token, time.monotonic() - flight.arrival)
         taken = 0
         for token_id in new_ids:
             if seq.is_finished:
                 break
             seq.append_token(token_id)
             taken += 1
-        self._metrics.record_tokens(taken)
+        self._record(self._metrics.record_tokens, taken)
         out = RequestOutput.take(seq)
         if seq.is_finished:
             self._answer(flight, triton_io.output_response(out, flight.buffer.take(out), batched=False))
@@ -253,8 +253,7 @@ class TrtllmFrontService:
         if flight.cancelled.is_set():
             self._answer(flight, None)
         elif self._closed:
-            self._answer(flight, triton_io.error_response(
-                Unavailable(f"{self._name} was unloaded before the request finished")))
+            self._answer(flight, triton_io.error_response(self._unloaded()))
         return flight.answered
 
     def _answer(self, flight: _Flight, response) -> bool:
@@ -281,11 +280,8 @@ class TrtllmFrontService:
                 silent = [f for f in self._flights.values() if f.engine_streams and f.last_response is not None
                           and now - f.last_response > limit and not f.answered]
                 busy = bool(self._flights)
-            if busy:
-                try:
-                    self._metrics.flush()
-                except Exception as exc:  # noqa: BLE001 - this thread must live on: it ends silent requests
-                    triton_io.log_error(f"{self._name}: pushing metrics failed: {exc!r}")
+            if busy:  # NOTE: quietly: this thread must live on, it ends silent requests
+                self._record(self._metrics.flush)
             for flight in silent:
                 self._end_silent(flight, now - flight.last_response)
 
@@ -301,7 +297,7 @@ class TrtllmFrontService:
         with self._lock:  # free the slot; the worker, still waiting on the engine, no longer holds it
             self._flights.pop(flight.request_id, None)
             in_flight = len(self._flights)
-        self._metrics.record_in_flight(in_flight)
+        self._record(self._metrics.record_in_flight, in_flight)
 
     def _stop_engine_request(self, flight: _Flight) -> None:
         """Stop the engine's request, now if the engine has it, else as soon as the worker has sent it

@@ -23,3 +23,6 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return self.service.execute(requests)
+
+    def finalize(self):
+        self.service.close()
