@@ -140,12 +140,14 @@ class LLMClient:
 
     def chat_prompt(self, model: str, messages: list[dict[str, str]], via: str = "http") -> str:
         """`messages` (dicts with `role` and `content`) as one prompt, rendered with the chat template of
-        the checkpoint the model's config names (batchlm.frontend.chat_template, as the OpenAI route
-        renders it), where this machine can read that checkpoint; else with the plain template."""
-        from batchlm.frontend.chat_template import load_chat_template
-        from batchlm.frontend.triton_client import ModelInfo
+        the checkpoint the model's config names (batchlm.model.chat_template, as the OpenAI route renders
+        it), where this machine can read that checkpoint; else with the plain template."""
+        from batchlm.model.chat_template import load_chat_template
+        from batchlm.paths import served_model
 
-        return load_chat_template(ModelInfo.from_config(self.model_config(model, via)).model_dir).render(messages)
+        configured = self.model_config(model, via).get("parameters", {}).get("model_dir", {}).get("string_value")
+        path = served_model(configured) if configured else None
+        return load_chat_template(path if path is not None and path.exists() else None).render(messages)
 
     def is_decoupled(self, model: str, via: str = "http") -> bool:
         return bool(self.model_config(model, via).get("model_transaction_policy", {}).get("decoupled"))

@@ -132,7 +132,7 @@ def chat_prompts() -> list[dict]:
 def build_chat_requests(spec: ChatWorkloadSpec, model: Path | str | None = None) -> list[WorkloadRequest]:
     """The spec's requests: each prompt as one user message through the chat template of `model` (default:
     the checkpoint the repository serves), EOS-driven, capped at spec.max_tokens."""
-    from batchlm.frontend.chat_template import load_chat_template
+    from batchlm.model.chat_template import load_chat_template
 
     model = served_model(str(DEFAULT_MODEL)) if model is None else Path(model)
     tokenizer, template = Tokenizer.from_dir(model), load_chat_template(model)

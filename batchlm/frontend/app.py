@@ -27,8 +27,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from batchlm.errors import InvalidArgument
 from batchlm.frontend import errors
-from batchlm.frontend.chat_template import ChatTemplate, load_chat_template
 from batchlm.frontend.errors import ApiError
 from batchlm.frontend.protocol import (
     ChatCompletionRequest,
@@ -47,6 +47,7 @@ from batchlm.frontend.triton_client import (
     infer_inputs,
 )
 from batchlm.frontend.validation import validation_error
+from batchlm.model.chat_template import ChatTemplate, load_chat_template
 from batchlm.request_schema import Chunk
 
 T = TypeVar("T")
@@ -115,7 +116,10 @@ def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, time
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         info = await _model_info(request, body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        prompt = _template(request, info).render(messages)
+        try:
+            prompt = _template(request, info).render(messages)
+        except InvalidArgument as exc:
+            raise errors.invalid(exc.field, exc.message) from None
         return await _generate(request, info, chat_request(body, prompt), chat=True)
 
     return app

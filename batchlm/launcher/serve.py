@@ -38,7 +38,7 @@ import os
 import sys
 from pathlib import Path
 
-from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
+from batchlm.launcher.frontend_process import FrontendProcess, ServerWithFrontend
 from batchlm.launcher.model_control import with_model_control
 from batchlm.launcher.ports import LOOPBACK
 from batchlm.launcher.serve_loop import serve_until_signalled

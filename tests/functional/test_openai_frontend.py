@@ -1,6 +1,6 @@
 """The OpenAI-compatible frontend against the shared tritonserver, driven by the official openai SDK.
 
-The frontend runs as a real uvicorn process (batchlm/frontend/process.py, as `make serve` starts it) on
+The frontend runs as a real uvicorn process (batchlm/launcher/frontend_process.py, as `make serve` starts it) on
 a free port, talking to the session's server over gRPC. Outputs are kept short (8 to 16 tokens).
 """
 
@@ -21,8 +21,8 @@ import openai
 import pytest
 import requests
 
-from batchlm.frontend.chat_template import load_chat_template
-from batchlm.frontend.process import FrontendProcess
+from batchlm.model.chat_template import load_chat_template
+from batchlm.launcher.frontend_process import FrontendProcess
 from batchlm.launcher.ports import free_port
 from batchlm.paths import TINY_MODEL_DIR, PROJECT_ROOT
 from batchlm_client.triton_llm import LLMClient

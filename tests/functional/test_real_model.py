@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from batchlm.frontend.process import FrontendProcess
+from batchlm.launcher.frontend_process import FrontendProcess
 from batchlm.launcher.ports import free_port
 from batchlm.launcher.triton_server import TritonServer
 from batchlm.paths import DEFAULT_MODEL, MODEL_ENV

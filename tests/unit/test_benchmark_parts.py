@@ -299,7 +299,7 @@ def test_compare_runs_through_either_door(monkeypatch, tmp_path):
     other transports go to Triton straight."""
     import sys
 
-    from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
+    from batchlm.launcher.frontend_process import FrontendProcess, ServerWithFrontend
     from batchlm.bench.served import compare
     from batchlm.bench.served.arrivals import ArrivalSpec
 

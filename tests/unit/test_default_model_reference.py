@@ -24,7 +24,7 @@ import transformers
 from batchlm.engine.engine import LLMEngine
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
-from batchlm.frontend.chat_template import load_chat_template
+from batchlm.model.chat_template import load_chat_template
 from batchlm.paths import DEFAULT_MODEL
 from tests.unit.test_reference_equality import assert_equal_to_reference, hf_greedy
 from tests.unit.torch_threads import intra_op_threads

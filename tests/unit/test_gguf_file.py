@@ -128,7 +128,7 @@ def test_the_tokenizer_of_a_gguf_file_encodes_as_its_tokenizer_json(small):
 
 
 def test_the_chat_template_comes_from_the_file(small):
-    from batchlm.frontend.chat_template import load_chat_template
+    from batchlm.model.chat_template import load_chat_template
 
     folder, files = small
     messages = [{"role": "user", "content": "Hi"}]
@@ -136,7 +136,7 @@ def test_the_chat_template_comes_from_the_file(small):
 
 
 def test_a_folder_saved_by_transformers_5_gives_its_chat_template_jinja(small, tmp_path):
-    from batchlm.frontend.chat_template import load_chat_template
+    from batchlm.model.chat_template import load_chat_template
 
     folder, _ = small
     copy = shutil.copytree(folder, tmp_path / "hf5")
@@ -230,7 +230,7 @@ def test_the_default_model_reads_as_smollm2_135m_instruct():
 
 def test_a_gguf_file_exported_as_a_hugging_face_folder_loads_the_same(small, tmp_path):
     """What the TensorRT-LLM build converts: the same weights, tokenizer and chat template as the file."""
-    from batchlm.frontend.chat_template import load_chat_template
+    from batchlm.model.chat_template import load_chat_template
     from batchlm.model.gguf_export import export_hf
 
     _, files = small

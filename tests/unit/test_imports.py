@@ -70,11 +70,19 @@ def test_no_module_is_over_400_lines():
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
+SERVING = ("batchlm.backend", "batchlm.launcher", "batchlm.frontend", "batchlm.bench", "batchlm_client")
+
+
 @pytest.mark.parametrize("importer, forbidden", [
-    ("batchlm.model", ("batchlm.engine",)),
-    ("batchlm.engine", ("batchlm.backend", "batchlm.launcher", "batchlm.frontend", "batchlm.bench")),
-    ("batchlm_client", ("batchlm.bench",)),
-])
+    ("batchlm.kernels", ("batchlm.model", "batchlm.engine", *SERVING)),
+    ("batchlm.model", ("batchlm.engine", *SERVING)),
+    ("batchlm.engine", SERVING),
+    ("batchlm.request_schema", ("batchlm.model", "batchlm.engine", *SERVING)),
+    ("batchlm.backend", ("batchlm.launcher", "batchlm.frontend", "batchlm.bench", "batchlm_client")),
+    ("batchlm.frontend", ("batchlm.engine", "batchlm.backend", "batchlm.launcher", "batchlm.bench", "batchlm_client")),
+    ("batchlm.launcher", ("batchlm.frontend", "batchlm.bench", "batchlm_client")),
+    ("batchlm_client", ("batchlm.engine", "batchlm.backend", "batchlm.launcher", "batchlm.frontend", "batchlm.bench")),
+], ids=lambda v: v if isinstance(v, str) else None)
 def test_imports_run_one_way_between_layers(importer, forbidden):
     assert not _violations(importer, forbidden)
 

@@ -12,10 +12,11 @@ from pydantic import ValidationError
 
 from batchlm.frontend import errors
 from batchlm.frontend.__main__ import parse_args
-from batchlm.frontend.chat_template import ChatTemplate, load_chat_template, plain_prompt
+from batchlm.model.chat_template import ChatTemplate, load_chat_template, plain_prompt
 from batchlm.paths import MODEL_ENV, TINY_MODEL_DIR
+from batchlm.errors import InvalidArgument
 from batchlm.frontend.errors import ApiError
-from batchlm.frontend.process import FrontendProcess
+from batchlm.launcher.frontend_process import FrontendProcess
 from batchlm.frontend.protocol import (
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -180,13 +181,13 @@ def test_the_default_checkpoints_chat_template_renders_each_turn_and_the_assista
     assert rendered == "<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\n"
 
 
-def test_a_template_that_refuses_the_messages_is_a_400_on_messages():
+def test_a_template_that_refuses_the_messages_names_messages():
     template = ChatTemplate("{{ raise_exception('only user turns') }}")
-    with pytest.raises(ApiError, match="^messages: the model's chat template refused them: only user turns"):
+    with pytest.raises(InvalidArgument, match="^messages: the model's chat template refused them: only user turns"):
         template.render(MESSAGES)
-    with pytest.raises(ApiError) as broken:
+    with pytest.raises(InvalidArgument) as broken:
         ChatTemplate("{% for %}").render(MESSAGES)
-    assert broken.value.param == "messages"
+    assert broken.value.field == "messages"
 
 
 def _config(batched: bool, decoupled: bool) -> dict:

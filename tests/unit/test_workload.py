@@ -9,7 +9,7 @@ import pytest
 
 from batchlm.bench.workload import (CHAT_PROMPTS, ChatWorkloadSpec, OutputLengths, WorkloadSpec, build_chat_requests,
                                     chat_prompts, make_spec)
-from batchlm.frontend.chat_template import load_chat_template
+from batchlm.model.chat_template import load_chat_template
 from batchlm.paths import DEFAULT_MODEL
 
 

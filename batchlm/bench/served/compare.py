@@ -51,7 +51,7 @@ from batchlm.bench.served.benchmark import Benchmark, BenchmarkConfig, unfillabl
 from batchlm.bench.served.report import markdown_table, measure, summary_row, write_run
 from batchlm.bench.workload import OutputLengths, WorkloadRequest, make_spec, requests_of
 from batchlm.engine.engine_config import EngineConfig
-from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
+from batchlm.launcher.frontend_process import FrontendProcess, ServerWithFrontend
 from batchlm.launcher.ports import free_port
 from batchlm.launcher.processes import exit_cleanly_on_sigterm
 from batchlm.launcher.triton_server import TritonServer

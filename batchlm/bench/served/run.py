@@ -33,7 +33,7 @@ from batchlm.bench.served.metrics_timeline import metrics_problem
 from batchlm.bench.served.report import markdown_table, measure, summary_row, write_run
 from batchlm.bench.served.request_record import SLO
 from batchlm.bench.workload import ChatWorkloadSpec, OutputLengths, WorkloadSpec, requests_of
-from batchlm.frontend.process import FrontendProcess, ServerWithFrontend
+from batchlm.launcher.frontend_process import FrontendProcess, ServerWithFrontend
 from batchlm.launcher.ports import free_port
 from batchlm.launcher.processes import exit_cleanly_on_sigterm
 from batchlm.paths import DEFAULT_REPOSITORY

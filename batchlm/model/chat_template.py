@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from batchlm.frontend.errors import invalid
+from batchlm.errors import InvalidArgument
 
 
 def plain_prompt(messages: list[dict[str, str]]) -> str:
@@ -33,7 +33,7 @@ class ChatTemplate:
     eos_token: str = ""
 
     def render(self, messages: list[dict[str, str]]) -> str:
-        """The prompt for `messages` (dicts with `role` and `content`); ApiError 400 (param `messages`)
+        """The prompt for `messages` (dicts with `role` and `content`); InvalidArgument naming `messages`
         if the template refuses them (its `raise_exception`) or cannot render."""
         if self.source is None:
             return plain_prompt(messages)
@@ -43,7 +43,7 @@ class ChatTemplate:
             return _compiled(self.source).render(messages=messages, add_generation_prompt=True,
                                                  bos_token=self.bos_token, eos_token=self.eos_token)
         except jinja2.TemplateError as exc:
-            raise invalid("messages", f"the model's chat template refused them: {exc}") from None
+            raise InvalidArgument("messages", f"the model's chat template refused them: {exc}") from None
 
 
 def load_chat_template(model_dir: Path | None) -> ChatTemplate:
