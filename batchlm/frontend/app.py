@@ -36,6 +36,7 @@ from batchlm.frontend.protocol import (
     SchemaRequest,
     chat_request,
     completion_request,
+    template_messages,
 )
 from batchlm.frontend.responses import DONE, Envelope, Usage, sse
 from batchlm.frontend.triton_client import (
@@ -115,9 +116,8 @@ def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, time
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         info = await _model_info(request, body.model)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
-            prompt = _template(request, info).render(messages)
+            prompt = _template(request, info).render(template_messages(body.messages))
         except InvalidArgument as exc:
             raise errors.invalid(exc.field, exc.message) from None
         return await _generate(request, info, chat_request(body, prompt), chat=True)

@@ -68,12 +68,18 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = None
 
 
-class TextPart(_Body):
+class _Message(BaseModel):
+    # NOTE: extra="ignore": clients send keys of their own in a message (lm-evaluation-harness a `type`,
+    # others ids or metadata), which OpenAI ignores; the body's own parameters stay strict
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+class TextPart(_Message):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Body):
+class ChatMessage(_Message):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -84,6 +90,13 @@ class ChatMessage(_Body):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as the chat template reads them: `role` and `content` (text parts joined), and `name`
+    where the client gave one."""
+    return [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name is not None else {})}
+            for m in messages]
 
 
 class ChatCompletionRequest(_Sampling):

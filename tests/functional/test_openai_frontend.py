@@ -131,7 +131,9 @@ def test_static_batching_answers_eight_openai_requests_as_one_batch(sdk, triton)
 
 
 def test_stream_events_have_openais_shape(frontend):
-    body = {"model": "continuous_batching", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+    # a message with a key of the client's own (lm-evaluation-harness sends `type`) and a name
+    message = {"role": "user", "content": "Hi", "type": "message", "name": "ada"}
+    body = {"model": "continuous_batching", "messages": [message], "max_tokens": 4,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     with requests.post(f"{frontend}/v1/chat/completions", json=body, stream=True, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")

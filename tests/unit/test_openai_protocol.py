@@ -24,6 +24,7 @@ from batchlm.frontend.protocol import (
     CompletionRequest,
     chat_request,
     completion_request,
+    template_messages,
 )
 from batchlm.frontend.responses import DONE, Envelope, Usage, sse
 from batchlm.frontend.triton_client import ModelInfo, infer_inputs
@@ -237,3 +238,18 @@ def test_the_frontend_listens_on_loopback_unless_told_otherwise():
     command = FrontendProcess("127.0.0.1:8001").command()
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert parse_args(["--models", "dynamic_batching,"]).models == ("dynamic_batching",)
+
+
+def test_a_message_may_carry_keys_of_its_own_and_a_name_that_reaches_the_template():
+    body = chat(messages=[{"role": "system", "content": "Be brief.", "type": "message"},
+                          {"role": "user", "name": "ada", "content": [{"type": "text", "text": "Hi", "id": 7},
+                                                                      {"type": "text", "text": " there"}]}])
+    messages = template_messages(body.messages)
+    assert messages == [{"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": "Hi there", "name": "ada"}]
+    named = ChatTemplate("{% for m in messages %}{{ m.name or m.role }}: {{ m.content }}\n{% endfor %}")
+    assert named.render(messages) == "system: Be brief.\nada: Hi there\n"
+    with pytest.raises(ValidationError):  # the body's own parameters stay strict
+        chat(messages=[{"role": "user", "content": "Hi"}], temprature=0.5)
+    with pytest.raises(ValidationError):  # and so do a message's: a part that is not text is refused
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
