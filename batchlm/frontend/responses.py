@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 DONE = "data: [DONE]\n\n"
 
-# The models' finish reasons that OpenAI has too; any other ("cancelled") is passed through as it is.
+# The models' finish reasons that OpenAI has too. Any other (`cancelled`: the request was aborted) ends
+# with none rather than a reason OpenAI's clients do not know.
 FINISH_REASONS = {"length": "length", "stop": "stop"}
 
 
@@ -85,7 +86,7 @@ class Envelope:
 def finish_reason_of(reason: str | None) -> str | None:
     if not reason:
         return None
-    return FINISH_REASONS.get(reason, reason)
+    return FINISH_REASONS.get(reason)
 
 
 def sse(payload: dict) -> str:

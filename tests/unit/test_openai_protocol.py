@@ -26,7 +26,7 @@ from batchlm.frontend.protocol import (
     completion_request,
     template_messages,
 )
-from batchlm.frontend.responses import DONE, Envelope, Usage, sse
+from batchlm.frontend.responses import DONE, Envelope, Usage, finish_reason_of, sse
 from batchlm.frontend.triton_client import ModelInfo, infer_inputs
 from batchlm.frontend.validation import param_of, validation_error
 from batchlm.model.checkpoint import DEFAULT_CHAT_TEMPLATE
@@ -253,3 +253,8 @@ def test_a_message_may_carry_keys_of_its_own_and_a_name_that_reaches_the_templat
         chat(messages=[{"role": "user", "content": "Hi"}], temprature=0.5)
     with pytest.raises(ValidationError):  # and so do a message's: a part that is not text is refused
         chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_a_finish_reason_openai_does_not_know_is_left_out():
+    assert [finish_reason_of(r) for r in ("length", "stop", "cancelled", "", None)] == ["length", "stop", None, None,
+                                                                                          None]
