@@ -3,10 +3,10 @@
 The schema (batchlm/request_schema.py) has `text_input`, `max_tokens`, `temperature`, `top_k`,
 `top_p`, `seed`, `stop`, `ignore_eos` and `stream`. OpenAI's parameters map onto them one to one;
 `top_k` and `ignore_eos` are extensions. A parameter left out is left out of the request too, so the
-model's default applies (greedy: `temperature` 0), except `max_tokens`, which the schema requires:
-16 for completions (OpenAI's default), 128 for chat. An integer its input's type cannot hold is a 400
-here; ranges are the models' to check: their INVALID_ARG names the field, and errors.from_triton turns
-it into a 400 naming the parameter.
+model's default applies, except `temperature`, 1 as OpenAI's API has it (the models' own default is
+greedy), and `max_tokens`, which the schema requires: 16 for completions (OpenAI's default), 128 for
+chat. An integer its input's type cannot hold is a 400 here; ranges are the models' to check: their
+INVALID_ARG names the field, and errors.from_triton turns it into a 400 naming the parameter.
 Parameters the models cannot honour are refused with a 400 naming them, unless they hold their neutral
 value (`presence_penalty: 0`, `logprobs: null`, ...). Unknown parameters are refused.
 """
@@ -24,6 +24,8 @@ from batchlm.request_schema import request_fields
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 128
+# OpenAI's API samples at temperature 1 when a request names none; `temperature: 0` is greedy
+DEFAULT_TEMPERATURE = 1.0
 
 
 class _Body(BaseModel):
@@ -162,7 +164,8 @@ def _schema_request(body: _Sampling, prompt: str, prompt_param: str, max_tokens:
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     try:
         fields = request_fields(prompt, default_max_tokens if max_tokens is None else max_tokens,
-                                temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                                temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
+                                top_p=body.top_p, top_k=body.top_k,
                                 seed=body.seed, stop=stops or None, ignore_eos=body.ignore_eos)
     except InvalidArgument as exc:
         raise invalid(params.get(exc.field, exc.field), exc.message) from None

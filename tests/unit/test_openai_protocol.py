@@ -53,9 +53,12 @@ def test_openai_parameters_map_one_to_one_onto_the_schema():
     assert request.stream and request.include_usage
 
 
-def test_left_out_parameters_are_left_out_except_max_tokens():
-    assert completion_request(completion()).fields == {"text_input": "hi", "max_tokens": DEFAULT_COMPLETION_MAX_TOKENS}
-    assert chat_request(chat(), "P").fields == {"text_input": "P", "max_tokens": DEFAULT_CHAT_MAX_TOKENS}
+def test_left_out_parameters_are_left_out_except_max_tokens_and_temperature():
+    assert completion_request(completion()).fields == {"text_input": "hi", "max_tokens": DEFAULT_COMPLETION_MAX_TOKENS,
+                                                       "temperature": 1.0}  # OpenAI's default
+    assert chat_request(chat(), "P").fields == {"text_input": "P", "max_tokens": DEFAULT_CHAT_MAX_TOKENS,
+                                                "temperature": 1.0}
+    assert chat_request(chat(temperature=0.0), "P").fields["temperature"] == 0.0  # greedy, one parameter away
     assert completion_request(completion(stop=["a", "b"], prompt=["one"])).fields["stop"] == ["a", "b"]
 
 
