@@ -3,7 +3,8 @@
     app = create_app("127.0.0.1:8001")     # serve with uvicorn; see __main__.py
 
 Routes: `GET /v1/models`, `GET /v1/models/{model}`, `POST /v1/completions`, `POST /v1/chat/completions`,
-and `GET /health` (200 while Triton is ready, else 503). Every error is OpenAI's error JSON (errors.py).
+`GET /health` (200 while Triton is ready, else 503) and `GET /metrics` (metrics.py, Prometheus' text
+format). Every error is OpenAI's error JSON (errors.py).
 
 Contracts:
 - Every request is answered: a body, a stream that ends with `[DONE]`, or an error (an error after a
@@ -25,11 +26,13 @@ from typing import TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from batchlm.errors import InvalidArgument
 from batchlm.frontend import errors
 from batchlm.frontend.errors import ApiError
+from batchlm.frontend.metrics import FrontendMetrics, RequestTiming
 from batchlm.frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -67,6 +70,7 @@ def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, time
         # NOTE: the aio channel belongs to the event loop it was made on: make it on uvicorn's
         app.state.backend = TritonBackend(triton_grpc, models, timeout)
         app.state.templates = {}
+        app.state.metrics = FrontendMetrics()
         yield
         await app.state.backend.close()
 
@@ -94,6 +98,10 @@ def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, time
     async def health(request: Request) -> JSONResponse:
         ready = await request.app.state.backend.server_ready()
         return JSONResponse({"triton_ready": ready}, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
@@ -153,17 +161,26 @@ async def _generate(request: Request, info: ModelInfo, schema: SchemaRequest, ch
     inputs = infer_inputs(info, fields, schema.params)
     envelope = Envelope.new(info.name, chat)
 
+    timing = request.app.state.metrics.request(info.name)
+
     def failed(exc: TritonFailure) -> ApiError:
-        return errors.from_triton(exc.status, exc.message, info.inputs, schema.params)
+        error = errors.from_triton(exc.status, exc.message, info.inputs, schema.params)
+        timing.failed(error.status)
+        return error
 
     if not streams:
         try:
             chunk = await _until_answered(request, backend.answer(info, inputs, envelope.id))
         except TritonFailure as exc:
             raise failed(exc) from None
+        except BaseException:
+            timing.gone()
+            raise
+        timing.first_text()
         if not schema.stream:
+            timing.done(chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens)
             return JSONResponse(envelope.body(chunk.text, chunk.finish_reason, _usage(chunk)))
-        return _event_stream(_events(envelope, schema, chunk, None, failed))
+        return _event_stream(_events(envelope, schema, chunk, None, failed, timing))
     stream = backend.stream(info, inputs, envelope.id)
     try:
         first = await _until_answered(request, stream.__anext__())
@@ -171,8 +188,9 @@ async def _generate(request: Request, info: ModelInfo, schema: SchemaRequest, ch
         stream.cancel()  # NOTE: where the model answered an error, this reads the call to its end instead
         if isinstance(exc, TritonFailure):
             raise failed(exc) from None
+        timing.gone()
         raise
-    return _event_stream(_events(envelope, schema, first, stream, failed))
+    return _event_stream(_events(envelope, schema, first, stream, failed, timing))
 
 
 def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
@@ -181,20 +199,24 @@ def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
 
 
 async def _events(envelope: Envelope, schema: SchemaRequest, first: Chunk, rest: TritonStream | None,
-                  failed) -> AsyncIterator[str]:
-    """The server-sent events of one answer whose first Chunk is `first` (see responses.py)."""
+                  failed, timing: RequestTiming) -> AsyncIterator[str]:
+    """The server-sent events of one answer whose first Chunk is `first` (see responses.py); `timing`
+    ends with it: done, failed, or gone where the client left first."""
     usage_field = schema.include_usage
     last = first
     try:
         if envelope.chat:
             yield sse(envelope.chunk("", role=True, with_usage_field=usage_field))
         if first.text:
+            timing.first_text()
             yield sse(envelope.chunk(first.text, with_usage_field=usage_field))
         if rest is not None and not rest.ended:
             async for chunk in rest:
                 last = chunk
                 if chunk.text:
+                    timing.first_text()
                     yield sse(envelope.chunk(chunk.text, with_usage_field=usage_field))
+        timing.done(last.finish_reason, last.num_input_tokens, last.num_output_tokens)
         yield sse(envelope.chunk(None if envelope.chat else "", last.finish_reason, with_usage_field=usage_field))
         if schema.include_usage:
             yield sse(envelope.usage_chunk(_usage(last) or Usage(0, 0)))
@@ -202,6 +224,7 @@ async def _events(envelope: Envelope, schema: SchemaRequest, first: Chunk, rest:
     except TritonFailure as exc:
         yield sse(failed(exc).body())
     finally:
+        timing.gone()  # NOTE: a no-op where the answer ended above
         if rest is not None:
             rest.cancel()  # NOTE: a no-op once the final response came; the client left before it otherwise
 

@@ -301,3 +301,39 @@ def test_an_overloaded_model_is_a_429_in_openais_error_shape(server, frontend):
     r = requests.post(f"{frontend}/v1/completions", timeout=60, json={   # and with its own config again
         "model": model, "prompt": "Back again?", "max_tokens": 4, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def _frontend_metrics(frontend: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of the frontend's /metrics: (name, sorted labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{frontend}/metrics", timeout=30).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_frontend_counts_its_requests_at_its_own_metrics(frontend, sdk):
+    model = "continuous_batching"
+    before = _frontend_metrics(frontend)
+    plain = sdk.completions.create(model=model, prompt="Count me", max_tokens=4, **GREEDY)
+    streamed = list(sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "And me"}],
+                                                max_tokens=3, stream=True, stream_options={"include_usage": True},
+                                                **GREEDY))
+    with pytest.raises(openai.BadRequestError):
+        sdk.completions.create(model=model, prompt="Refused", max_tokens=0)
+    after = _frontend_metrics(frontend)
+    label = (("model_name", model),)
+
+    def grew(name: str, *labels: tuple[str, str]) -> float:
+        key = (name, tuple(sorted(label + labels)))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    usage = [plain.usage, streamed[-1].usage]
+    assert grew("batchlm:request_success_total", ("finished_reason", "length")) == 2
+    assert grew("batchlm:request_failure_total", ("status", "400")) == 1
+    for histogram in ("e2e_request_latency_seconds", "time_to_first_token_seconds", "time_per_output_token_seconds"):
+        assert grew(f"batchlm:{histogram}_count") == 2, histogram
+        assert grew(f"batchlm:{histogram}_sum") > 0, histogram
+    assert grew("batchlm:generation_tokens_total") == sum(u.completion_tokens for u in usage) == 7
+    assert grew("batchlm:prompt_tokens_total") == sum(u.prompt_tokens for u in usage) > 0
+    assert after[("batchlm:num_requests_running", label)] == 0
