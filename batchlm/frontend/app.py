@@ -3,8 +3,8 @@
     app = create_app("127.0.0.1:8001")     # serve with uvicorn; see __main__.py
 
 Routes: `GET /v1/models`, `GET /v1/models/{model}`, `POST /v1/completions`, `POST /v1/chat/completions`,
-`GET /health` (200 while Triton is ready, else 503) and `GET /metrics` (metrics.py, Prometheus' text
-format). Every error is OpenAI's error JSON (errors.py).
+`POST /tokenize`, `POST /detokenize` (tokenize.py), `GET /health` (200 while Triton is ready, else 503)
+and `GET /metrics` (metrics.py, Prometheus' text format). Every error is OpenAI's error JSON (errors.py).
 
 Contracts:
 - Every request is answered: a body, a stream that ends with `[DONE]`, or an error (an error after a
@@ -36,12 +36,15 @@ from batchlm.frontend.metrics import FrontendMetrics, RequestTiming
 from batchlm.frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     SchemaRequest,
+    TokenizeRequest,
     chat_request,
     completion_request,
     template_messages,
 )
 from batchlm.frontend.responses import DONE, Envelope, Usage, sse
+from batchlm.frontend.tokenize import detokenize, load_tokenizer, tokenize
 from batchlm.frontend.triton_client import (
     SERVABLE_MODELS,
     ModelInfo,
@@ -52,6 +55,7 @@ from batchlm.frontend.triton_client import (
 )
 from batchlm.frontend.validation import validation_error
 from batchlm.model.chat_template import ChatTemplate, load_chat_template
+from batchlm.model.tokenizer import Tokenizer
 from batchlm.request_schema import Chunk
 
 T = TypeVar("T")
@@ -70,6 +74,7 @@ def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, time
         # NOTE: the aio channel belongs to the event loop it was made on: make it on uvicorn's
         app.state.backend = TritonBackend(triton_grpc, models, timeout)
         app.state.templates = {}
+        app.state.tokenizers = {}
         app.state.metrics = FrontendMetrics()
         yield
         await app.state.backend.close()
@@ -130,6 +135,24 @@ def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, time
             raise errors.invalid(exc.field, exc.message) from None
         return await _generate(request, info, chat_request(body, prompt), chat=True)
 
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request, body: TokenizeRequest) -> dict:
+        info = await _model_info(request, body.model)
+        tokenizer = _tokenizer(request, info)
+        text = body.prompt
+        if body.messages is not None:
+            try:
+                text = _template(request, info).render(template_messages(body.messages))
+            except InvalidArgument as exc:
+                raise errors.invalid(exc.field, exc.message) from None
+        tokens = await asyncio.to_thread(tokenize, tokenizer, text, body.add_special_tokens)
+        return {"count": len(tokens), "max_model_len": info.max_model_len, "tokens": tokens, "token_strs": None}
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request, body: DetokenizeRequest) -> dict:
+        info = await _model_info(request, body.model)
+        return {"prompt": detokenize(_tokenizer(request, info), body.tokens)}
+
     return app
 
 
@@ -145,6 +168,13 @@ async def _model_info(request: Request, model: str) -> ModelInfo:
         return await backend.info(model)
     except TritonFailure as exc:
         raise errors.from_triton(exc.status, exc.message, (), {}) from None
+
+
+def _tokenizer(request: Request, info: ModelInfo) -> Tokenizer:
+    tokenizers: dict[str, Tokenizer] = request.app.state.tokenizers
+    if info.name not in tokenizers:
+        tokenizers[info.name] = load_tokenizer(info.name, info.model_dir)
+    return tokenizers[info.name]
 
 
 def _template(request: Request, info: ModelInfo) -> ChatTemplate:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from batchlm.errors import InvalidArgument
 from batchlm.frontend.errors import invalid
@@ -112,6 +112,28 @@ class ChatCompletionRequest(_Sampling):
     tools: list | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
+
+
+class TokenizeRequest(_Body):
+    """POST /tokenize (vLLM's shape): `prompt` or `messages`, not both."""
+
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool = True     # False: no BOS, the ids of the text alone
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Body):
+    """POST /detokenize (vLLM's shape)."""
+
+    model: str
+    tokens: list[int]
 
 
 # parameter -> the values that change nothing (None always does)

@@ -50,7 +50,8 @@ class ModelInfo:
     decoupled: bool                 # streams: asked on a ModelStreamInfer call
     batched: bool                   # max_batch_size > 0: every input gets a batch dimension of 1
     inputs: Mapping[str, str]       # input name -> config data type ("TYPE_INT32")
-    model_dir: Path | None          # its checkpoint, where this process can read it (for a chat template)
+    model_dir: Path | None          # its checkpoint, where this process can read it (chat template, tokenizer)
+    max_model_len: int | None = None  # its `max_model_len` parameter, where it has one
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelInfo":
@@ -64,7 +65,13 @@ class ModelInfo:
             batched=int(config.get("max_batch_size", 0)) > 0,
             inputs={i["name"]: i.get("data_type", "TYPE_STRING") for i in config.get("input", [])},
             model_dir=path,
+            max_model_len=_int_parameter(config, "max_model_len"),
         )
+
+
+def _int_parameter(config: dict, name: str) -> int | None:
+    value = config.get("parameters", {}).get(name, {}).get("string_value")
+    return int(value) if value is not None and value.strip().isdigit() else None
 
 
 def infer_inputs(info: ModelInfo, fields: Mapping[str, object],

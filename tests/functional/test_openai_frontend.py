@@ -337,3 +337,20 @@ def test_the_frontend_counts_its_requests_at_its_own_metrics(frontend, sdk):
     assert grew("batchlm:generation_tokens_total") == sum(u.completion_tokens for u in usage) == 7
     assert grew("batchlm:prompt_tokens_total") == sum(u.prompt_tokens for u in usage) > 0
     assert after[("batchlm:num_requests_running", label)] == 0
+
+
+def test_tokenize_counts_what_the_engine_counts_and_detokenize_inverts_it(frontend, sdk, triton):
+    model, text = "continuous_batching", "Tokens, counted twice"
+    said = requests.post(f"{frontend}/tokenize", json={"model": model, "prompt": text}, timeout=30).json()
+    engine = triton.generate(model, text, 1, temperature=0.0)
+    assert said["count"] == len(said["tokens"]) == engine.num_input_tokens and said["max_model_len"] == 1024
+    messages = [{"role": "user", "content": text}]
+    chat = requests.post(f"{frontend}/tokenize", json={"model": model, "messages": messages}, timeout=30).json()
+    answer = sdk.chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0.0)
+    assert chat["count"] == answer.usage.prompt_tokens > said["count"]
+    bare = requests.post(f"{frontend}/tokenize", timeout=30,
+                         json={"model": model, "prompt": text, "add_special_tokens": False}).json()["tokens"]
+    back = requests.post(f"{frontend}/detokenize", json={"model": model, "tokens": bare}, timeout=30)
+    assert back.status_code == 200 and back.json() == {"prompt": text}
+    refused = requests.post(f"{frontend}/detokenize", json={"model": model, "tokens": [-1]}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"

@@ -22,11 +22,13 @@ from batchlm.frontend.protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     ChatCompletionRequest,
     CompletionRequest,
+    TokenizeRequest,
     chat_request,
     completion_request,
     template_messages,
 )
 from batchlm.frontend.responses import DONE, Envelope, Usage, finish_reason_of, sse
+from batchlm.frontend.tokenize import detokenize, load_tokenizer, tokenize
 from batchlm.frontend.triton_client import ModelInfo, infer_inputs
 from batchlm.frontend.validation import param_of, validation_error
 from batchlm.model.checkpoint import DEFAULT_CHAT_TEMPLATE
@@ -261,3 +263,20 @@ def test_a_message_may_carry_keys_of_its_own_and_a_name_that_reaches_the_templat
 def test_a_finish_reason_openai_does_not_know_is_left_out():
     assert [finish_reason_of(r) for r in ("length", "stop", "cancelled", "", None)] == ["length", "stop", None, None,
                                                                                           None]
+
+
+def test_tokenize_takes_a_prompt_or_messages_and_detokenize_names_a_bad_id():
+    tokenizer = load_tokenizer("m", TINY_MODEL_DIR)
+    with_bos = tokenize(tokenizer, "Hi there", add_special_tokens=True)
+    assert tokenizer.add_bos and with_bos[0] == tokenizer.bos_token_id
+    assert tokenize(tokenizer, "Hi there", add_special_tokens=False) == with_bos[1:]
+    assert detokenize(tokenizer, with_bos) == "Hi there"
+    with pytest.raises(ApiError, match=r"^tokens: ids must be in \[0, ") as bad:
+        detokenize(tokenizer, [1, tokenizer.vocab_size])
+    assert bad.value.param == "tokens"
+    with pytest.raises(ApiError) as unreadable:
+        load_tokenizer("m", None)
+    assert unreadable.value.param == "model"
+    for body in ({"model": "m"}, {"model": "m", "prompt": "a", "messages": [{"role": "user", "content": "a"}]}):
+        with pytest.raises(ValidationError):
+            TokenizeRequest.model_validate_json(json.dumps(body))
