@@ -34,6 +34,7 @@ from batchlm.frontend import errors
 from batchlm.frontend.errors import ApiError
 from batchlm.frontend.metrics import FrontendMetrics, RequestTiming
 from batchlm.frontend.protocol import (
+    DEFAULT_CHAT_MAX_TOKENS,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -133,7 +134,8 @@ def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, time
             prompt = _template(request, info).render(template_messages(body.messages))
         except InvalidArgument as exc:
             raise errors.invalid(exc.field, exc.message) from None
-        return await _generate(request, info, chat_request(body, prompt), chat=True)
+        schema = chat_request(body, prompt, await _rest_of_context(request, info, prompt))
+        return await _generate(request, info, schema, chat=True)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request, body: TokenizeRequest) -> dict:
@@ -168,6 +170,16 @@ async def _model_info(request: Request, model: str) -> ModelInfo:
         return await backend.info(model)
     except TritonFailure as exc:
         raise errors.from_triton(exc.status, exc.message, (), {}) from None
+
+
+async def _rest_of_context(request: Request, info: ModelInfo, prompt: str) -> int:
+    """A chat's default `max_tokens`, as OpenAI's: what is left of the model's context after `prompt`;
+    DEFAULT_CHAT_MAX_TOKENS where the model's context or checkpoint is unknown here. A prompt that leaves
+    nothing gets 1, which the model refuses naming the prompt."""
+    if info.max_model_len is None or info.model_dir is None:
+        return DEFAULT_CHAT_MAX_TOKENS
+    ids = await asyncio.to_thread(tokenize, _tokenizer(request, info), prompt, True)
+    return max(1, info.max_model_len - len(ids))
 
 
 def _tokenizer(request: Request, info: ModelInfo) -> Tokenizer:

@@ -4,9 +4,11 @@ The schema (batchlm/request_schema.py) has `text_input`, `max_tokens`, `temperat
 `top_p`, `seed`, `stop`, `ignore_eos` and `stream`. OpenAI's parameters map onto them one to one;
 `top_k` and `ignore_eos` are extensions. A parameter left out is left out of the request too, so the
 model's default applies, except `temperature`, 1 as OpenAI's API has it (the models' own default is
-greedy), and `max_tokens`, which the schema requires: 16 for completions (OpenAI's default), 128 for
-chat. An integer its input's type cannot hold is a 400 here; ranges are the models' to check: their
-INVALID_ARG names the field, and errors.from_triton turns it into a 400 naming the parameter.
+greedy), and `max_tokens`, which the schema requires: 16 for completions (OpenAI's default), and for
+chat what is left of the model's context after the prompt (128 where the frontend cannot read the
+model's checkpoint to count the prompt). An integer its input's type cannot hold is a 400 here; ranges
+are the models' to check: their INVALID_ARG names the field, and errors.from_triton turns it into a 400
+naming the parameter.
 Parameters the models cannot honour are refused with a 400 naming them, unless they hold their neutral
 value (`presence_penalty: 0`, `logprobs: null`, ...). Unknown parameters are refused.
 """
@@ -166,15 +168,18 @@ def completion_request(body: CompletionRequest) -> SchemaRequest:
     return _schema_request(body, prompt, "prompt", body.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS)
 
 
-def chat_request(body: ChatCompletionRequest, prompt: str) -> SchemaRequest:
-    """The schema request for a chat completion whose messages rendered to `prompt`."""
+def chat_request(body: ChatCompletionRequest, prompt: str,
+                 default_max_tokens: int = DEFAULT_CHAT_MAX_TOKENS) -> SchemaRequest:
+    """The schema request for a chat completion whose messages rendered to `prompt`; `default_max_tokens`
+    where it names neither `max_tokens` nor `max_completion_tokens` (the caller passes what is left of the
+    model's context where it knows it)."""
     if body.max_completion_tokens is not None:
         if body.max_tokens is not None and body.max_tokens != body.max_completion_tokens:
             raise invalid("max_completion_tokens", f"differs from max_tokens ({body.max_completion_tokens} "
                                                    f"!= {body.max_tokens}); give one of them")
         return _schema_request(body, prompt, "messages", body.max_completion_tokens, "max_completion_tokens",
-                               DEFAULT_CHAT_MAX_TOKENS)
-    return _schema_request(body, prompt, "messages", body.max_tokens, "max_tokens", DEFAULT_CHAT_MAX_TOKENS)
+                               default_max_tokens)
+    return _schema_request(body, prompt, "messages", body.max_tokens, "max_tokens", default_max_tokens)
 
 
 def _schema_request(body: _Sampling, prompt: str, prompt_param: str, max_tokens: int | None,

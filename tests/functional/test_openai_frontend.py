@@ -354,3 +354,13 @@ def test_tokenize_counts_what_the_engine_counts_and_detokenize_inverts_it(fronte
     assert back.status_code == 200 and back.json() == {"prompt": text}
     refused = requests.post(f"{frontend}/detokenize", json={"model": model, "tokens": [-1]}, timeout=30)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"
+
+
+def test_a_chat_without_max_tokens_runs_to_the_end_of_the_context(frontend, sdk):
+    model = "continuous_batching"
+    messages = [{"role": "user", "content": "Go on for as long as you may"}]
+    prompt = requests.post(f"{frontend}/tokenize", json={"model": model, "messages": messages}, timeout=30).json()
+    answer = sdk.chat.completions.create(model=model, messages=messages, **GREEDY)
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage.prompt_tokens == prompt["count"]
+    assert answer.usage.completion_tokens == prompt["max_model_len"] - prompt["count"]

@@ -61,6 +61,8 @@ def test_left_out_parameters_are_left_out_except_max_tokens_and_temperature():
     assert chat_request(chat(), "P").fields == {"text_input": "P", "max_tokens": DEFAULT_CHAT_MAX_TOKENS,
                                                 "temperature": 1.0}
     assert chat_request(chat(temperature=0.0), "P").fields["temperature"] == 0.0  # greedy, one parameter away
+    assert chat_request(chat(), "P", default_max_tokens=900).fields["max_tokens"] == 900  # the rest of the context
+    assert chat_request(chat(max_tokens=7), "P", default_max_tokens=900).fields["max_tokens"] == 7
     assert completion_request(completion(stop=["a", "b"], prompt=["one"])).fields["stop"] == ["a", "b"]
 
 
