@@ -3,6 +3,8 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 # The OpenAI-compatible frontend next to Triton (127.0.0.1 only); FRONTEND_PORT=0 or NO_FRONTEND=1: none.
+# Its API key comes only from the environment, BATCHLM_API_KEY=... make serve, which batchlm-serve reads:
+# as a make variable it would be on batchlm-serve's command line.
 FRONTEND_PORT ?= 9000
 NO_FRONTEND ?=
 # Another checkpoint for every model (a llama GGUF file or a Hugging Face Llama folder); empty: each

@@ -1,6 +1,6 @@
 """The serving benchmark's client for an OpenAI-compatible server's `/v1/completions`.
 
-    llm = OpenAIClient("http://127.0.0.1:9000/v1")
+    llm = OpenAIClient("http://127.0.0.1:9000/v1")      # api_key=...: else $BATCHLM_API_KEY, where set
     result = llm.complete("continuous_batching", "Hello", 32, stream=True, ignore_eos=True, temperature=0.0)
 
 It returns the same Result as client/triton_llm.py's LLMClient, so a run is measured alike through
@@ -10,6 +10,8 @@ usage chunks carry none), and the token counts from the `usage` the server retur
 ("429" for an overload, "400" for bad input, ...) and the message of OpenAI's error JSON; an error
 event after the stream began is RequestFailed("stream", ...), as over Triton's /generate_stream.
 
+Where the frontend asks for an API key, every request carries `Authorization: Bearer <key>`: the key
+given, else $BATCHLM_API_KEY (batchlm/api_key.py); a wrong or missing one is RequestFailed("401", ...).
 Plain `requests`, not the openai SDK: it is in the benchmark's hot path, on the cores the server uses.
 Not thread-safe: one per thread (its Session is one connection pool).
 """
@@ -21,6 +23,7 @@ import time
 
 import requests
 
+from batchlm.api_key import bearer_headers, client_api_key
 from batchlm_client.triton_llm import RequestFailed, Result
 
 # The protocol value that sends the benchmark's requests to an OpenAI-compatible server. Kept out of
@@ -30,10 +33,11 @@ DEFAULT_OPENAI_URL = "http://127.0.0.1:9000/v1"
 
 
 class OpenAIClient:
-    def __init__(self, base_url: str = DEFAULT_OPENAI_URL, timeout: float = 600.0) -> None:
+    def __init__(self, base_url: str = DEFAULT_OPENAI_URL, timeout: float = 600.0, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._http = requests.Session()
+        self._http.headers.update(bearer_headers(client_api_key(api_key)))
 
     def complete(self, model: str, prompt: str, max_tokens: int, stream: bool = False,
                  start: float | None = None, **options) -> Result:

@@ -13,6 +13,8 @@ variable, so a run can be configured without a command line:
     --output-cap       BATCHLM_OUTPUT_CAP       most output tokens, default 512
     --request-timeout  BATCHLM_REQUEST_TIMEOUT  seconds; far above any wait, so the server decides failures
     --failure-wait     BATCHLM_FAILURE_WAIT     seconds a user backs off after a failed request (1)
+    --api-key          BATCHLM_API_KEY          openai_user.py only: the frontend's API key, sent as
+                                                `Authorization: Bearer <key>` (where the frontend asks for one)
     --http-endpoint    BATCHLM_HTTP_ENDPOINT    http_user.py only: generate (default; generate_stream when
                                                 streamed) | infer (KServe v2 /infer: one answer, models that
                                                 are not decoupled, Triton's status kept: 503 on overload)
@@ -61,6 +63,9 @@ def _add_arguments(parser) -> None:
                         help="client-side limit per request, seconds [env BATCHLM_REQUEST_TIMEOUT]")
     parser.add_argument("--failure-wait", type=float, default=float(env("BATCHLM_FAILURE_WAIT", "1")),
                         help="seconds a user waits after a failed request [env BATCHLM_FAILURE_WAIT]")
+    # NOTE: is_secret: the web UI shows it masked; the variable keeps it off the command line
+    parser.add_argument("--api-key", default=env("BATCHLM_API_KEY", ""), is_secret=True,
+                        help="openai_user.py: the OpenAI frontend's API key [env BATCHLM_API_KEY]")
     parser.add_argument("--http-endpoint", choices=HTTP_ENDPOINTS, default=env("BATCHLM_HTTP_ENDPOINT", "generate"),
                         help="http_user.py: /generate (or /generate_stream), or KServe v2 /infer, which keeps "
                              "Triton's status (503 on overload) but cannot stream [env BATCHLM_HTTP_ENDPOINT]")

@@ -9,7 +9,8 @@ the continuous models) it asks for `stream: true` with `stream_options.include_u
 server-sent events as they arrive: TTFT is the first event carrying text, and the output tokens come
 from the usage chunk. Otherwise one JSON answer, and TTFT equals E2E. A streamed request to a model that
 cannot stream is answered as one chunk, so its TTFT is its E2E too. Events are named `openai <model>`;
-a 429 (overload) or a 503 is an Overloaded failure. Options and events: see common.py.
+a 429 (overload) or a 503 is an Overloaded failure. Where the frontend asks for an API key, give it with
+`--api-key` or $BATCHLM_API_KEY; a 401 is a failure. Options and events: see common.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import time
 
 import common
+from batchlm.api_key import bearer_headers
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 
@@ -34,6 +36,8 @@ class OpenAIChatUser(FastHttpUser):
         self.network_timeout = self.connection_timeout = self.options.request_timeout
         super().__init__(environment)
         self.feed = common.feed_for(self.options.spec)
+        # NOTE: identity encoding: a compressed event stream could not be read event by event.
+        self.request_headers = {"Accept-Encoding": "identity", **bearer_headers(environment.parsed_options.api_key)}
 
     def body(self) -> dict:
         request = self.feed.next()
@@ -47,9 +51,8 @@ class OpenAIChatUser(FastHttpUser):
     @task
     def chat(self) -> None:
         timer = common.RequestTimer(self.environment, f"openai {self.options.model}")
-        # NOTE: identity encoding: a compressed event stream could not be read event by event.
         with self.client.post("/v1/chat/completions", json=self.body(), name=timer.name, catch_response=True,
-                              stream=True, headers={"Accept-Encoding": "identity"}) as response:
+                              stream=True, headers=self.request_headers) as response:
             try:
                 tokens, error = _read(response, timer, self.options.stream)
             except Exception as exc:  # noqa: BLE001 - a broken answer is this request's failure, not the task's

@@ -6,7 +6,7 @@
 with `stream: true`) become requests of the shared request schema, sent to Triton over one asyncio gRPC
 channel (`triton_client.py`). Modules: `protocol.py` (OpenAI requests -> schema fields),
 `responses.py` (OpenAI response and chunk shapes), `errors.py` (OpenAI's error JSON; Triton's errors
-mapped), `validation.py` (a refused body -> a 400 naming the parameter), `chat_template.py` (messages
--> prompt), `app.py` (the FastAPI app). `batchlm-serve` runs it as a child process
-(batchlm/launcher/frontend_process.py). Nothing here is imported by the Triton models.
+mapped), `auth.py` (the API key, where one is given), `validation.py` (a refused body -> a 400 naming the
+parameter), `chat_template.py` (messages -> prompt), `app.py` (the FastAPI app). `batchlm-serve` runs it
+as a child process (batchlm/launcher/frontend_process.py). Nothing here is imported by the Triton models.
 """

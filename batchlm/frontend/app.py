@@ -5,6 +5,7 @@
 Routes: `GET /v1/models`, `GET /v1/models/{model}`, `POST /v1/completions`, `POST /v1/chat/completions`,
 `POST /tokenize`, `POST /detokenize` (tokenize.py), `GET /health` (200 while Triton is ready, else 503)
 and `GET /metrics` (metrics.py, Prometheus' text format). Every error is OpenAI's error JSON (errors.py).
+With an API key, every route but `/health` and `/metrics` answers 401 to a request without it (auth.py).
 
 Contracts:
 - Every request is answered: a body, a stream that ends with `[DONE]`, or an error (an error after a
@@ -31,6 +32,7 @@ from starlette.exceptions import HTTPException
 
 from batchlm.errors import InvalidArgument
 from batchlm.frontend import errors
+from batchlm.frontend.auth import RequireApiKey
 from batchlm.frontend.errors import ApiError
 from batchlm.frontend.metrics import FrontendMetrics, RequestTiming
 from batchlm.frontend.protocol import (
@@ -66,9 +68,11 @@ class ClientGone(Exception):
     """The HTTP client disconnected before its answer was ready."""
 
 
-def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, timeout: float | None = None) -> FastAPI:
+def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, timeout: float | None = None,
+               api_key: str | None = None) -> FastAPI:
     """The frontend for the Triton server whose gRPC endpoint is `triton_grpc` ("host:port"), serving
-    `models` where Triton has them ready; `timeout`: seconds per Triton request (None: no limit)."""
+    `models` where Triton has them ready; `timeout`: seconds per Triton request (None: no limit);
+    `api_key`: the bearer token every route but `/health` and `/metrics` asks for (None: none asked)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -81,6 +85,8 @@ def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, time
         await app.state.backend.close()
 
     app = FastAPI(title="batchlm OpenAI-compatible frontend", lifespan=lifespan)
+    if api_key is not None:
+        app.add_middleware(RequireApiKey, key=api_key)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:

@@ -5,6 +5,7 @@ Every error the frontend answers has the body `{"error": {"message", "type", "pa
 | status | when | type | code |
 |---|---|---|---|
 | 400 | bad input; `param` names the OpenAI parameter (1) | `invalid_request_error` | `invalid_value` |
+| 401 | an API key is configured and the request lacks it (auth.py) | `invalid_request_error` | `invalid_api_key` |
 | 404 | a model that is not served | `invalid_request_error` | `model_not_found` |
 | 429 | the model is overloaded (2) | `rate_limit_error` | `overloaded` |
 | 503 | the model is not ready, unloading or unloaded; Triton unreachable | `service_unavailable` | `model_not_ready` |
@@ -47,6 +48,11 @@ def invalid(param: str | None, message: str) -> ApiError:
     """400 for bad input; the message starts with the parameter, as the models' own do."""
     text = f"{param}: {message}" if param else message
     return ApiError(400, text, "invalid_request_error", param, "invalid_value")
+
+
+def unauthorized(message: str) -> ApiError:
+    """401 for a missing, malformed or wrong API key: OpenAI's own type and code for a bad key."""
+    return ApiError(401, message, "invalid_request_error", None, "invalid_api_key")
 
 
 def model_not_found(model: str, served: Collection[str]) -> ApiError:

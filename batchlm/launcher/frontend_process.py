@@ -2,6 +2,8 @@
 starts once Triton is ready, and stops first.
 
 Imports nothing of the web stack: the frontend runs in its own interpreter (`python -m batchlm.frontend`).
+Its API key reaches it in its environment ($BATCHLM_API_KEY), never on its command line: /proc/<pid>/cmdline
+is readable by every local user, /proc/<pid>/environ by the process's own user only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchlm.api_key import API_KEY_ENV
 from batchlm.launcher.processes import die_with_parent
 from batchlm.launcher.triton_server import TritonServer
 
@@ -29,6 +32,7 @@ class FrontendProcess:
     port: int = 9000
     graceful_timeout: float = 10.0  # seconds a stop lets the answers in flight finish
     log_path: Path | None = None    # its log; None: this process's terminal
+    api_key: str | None = field(default=None, repr=False)  # the bearer token it asks for; None: none
     process: subprocess.Popen | None = field(default=None, init=False)
 
     @property
@@ -39,17 +43,27 @@ class FrontendProcess:
         return [sys.executable, "-m", "batchlm.frontend", "--triton-grpc", self.triton_grpc,
                 "--host", self.host, "--port", str(self.port), "--graceful-timeout", str(self.graceful_timeout)]
 
+    def environment(self) -> dict[str, str]:
+        """This process's environment with $BATCHLM_API_KEY set to `api_key`, or removed where it is None:
+        the frontend asks for this object's key, not for whatever the caller's environment holds."""
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+        if self.api_key is not None:
+            env[API_KEY_ENV] = self.api_key
+        return env
+
     def start(self, timeout: float = 60.0) -> "FrontendProcess":
         """Start it and wait until `/health` answers 200; RuntimeError (and nothing left running) if
         it exits or does not answer within `timeout` s."""
         # NOTE: a session of its own, as the server's: a terminal's Ctrl-C reaches the serve command
         # only, which stops the frontend itself, first
         if self.log_path is None:
-            self.process = subprocess.Popen(self.command(), start_new_session=True, preexec_fn=die_with_parent)
+            self.process = subprocess.Popen(self.command(), env=self.environment(), start_new_session=True,
+                                            preexec_fn=die_with_parent)
         else:
             with open(self.log_path, "ab") as log:
-                self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True, preexec_fn=die_with_parent)
+                self.process = subprocess.Popen(self.command(), env=self.environment(), stdout=log,
+                                                stderr=subprocess.STDOUT, start_new_session=True,
+                                                preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

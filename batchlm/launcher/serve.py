@@ -2,7 +2,7 @@
 
     batchlm-serve [--model PATH] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--log FILE]
                   [--drain-timeout 60] [--frontend-port 9000] [--frontend-host 127.0.0.1] [--no-frontend]
-                  [--on-model-failure reload|exit|off] [--hide-admin-key]
+                  [--on-model-failure reload|exit|off] [--hide-admin-key] [--api-key KEY]
                   [-- extra tritonserver arguments]
 
 `--model` serves another checkpoint (a llama GGUF file or a Hugging Face Llama folder) in every model of
@@ -13,8 +13,11 @@ first. The server's log goes to this terminal, or with `--log` to that file.
 
 Once the server is ready, the OpenAI-compatible frontend (batchlm/frontend/) starts next to it on
 `--frontend-port` (9000; 0 or `--no-frontend`: none), bound to 127.0.0.1 unless `--frontend-host`
-says otherwise, and talks to the server over gRPC. On a stop it is stopped first: it stops accepting
-and lets its answers in flight finish (at most 10 s), then the server is drained.
+says otherwise, and talks to the server over gRPC. With an API key ($BATCHLM_API_KEY, or `--api-key`,
+which puts it on this command's own command line), the frontend asks every request but `/health` and `/metrics` for
+`Authorization: Bearer <key>`; the key reaches it in its environment, and tritonserver does not get it.
+On a stop it is stopped first: it stops accepting and lets its answers in flight finish (at most 10 s),
+then the server is drained.
 
 The server binds 127.0.0.1 unless `--address` says otherwise. It runs in explicit model control with
 every model loaded at start (`--model-control-mode=explicit --load-model=*`) unless the extra arguments
@@ -38,6 +41,7 @@ import os
 import sys
 from pathlib import Path
 
+from batchlm.api_key import API_KEY_ENV, resolve_api_key
 from batchlm.launcher.frontend_process import FrontendProcess, ServerWithFrontend
 from batchlm.launcher.model_control import with_model_control
 from batchlm.launcher.ports import LOOPBACK
@@ -74,15 +78,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the administrative APIs' key off tritonserver's command line, which every local "
                          "user can read, with a preloaded library built by the C compiler on first use "
                          "(see docs/operations.md, Security)")
+    ap.add_argument("--api-key", default=None,
+                    help=f"the bearer token the frontend asks for (default: ${API_KEY_ENV}, else none); prefer the "
+                         "variable: an option is on this command's command line, which every local user can read")
     ap.add_argument("extra", nargs="*", help="extra tritonserver arguments, after --")
     args = ap.parse_args(argv)
+    try:
+        api_key = resolve_api_key(args.api_key)
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.model is not None:
         if not args.model.exists():
             ap.error(f"--model: no checkpoint at {args.model}")
         os.environ[MODEL_ENV] = str(args.model.resolve())  # the server, its stubs and the frontend inherit it
     frontend = None
     if args.frontend_port and not args.no_frontend:
-        frontend = FrontendProcess("", host=args.frontend_host, port=args.frontend_port)  # Triton's: at start
+        frontend = FrontendProcess("", host=args.frontend_host, port=args.frontend_port,  # Triton's: at start
+                                   api_key=api_key)
 
     server = ServerWithFrontend(
         model_repository=args.model_repository.resolve(), http_port=args.http_port,

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchlm.api_key import API_KEY_ENV
 from batchlm.backend.instance_claim import clear_claims
 from batchlm.launcher import admin_key, argv_secret, server_log
 from batchlm.launcher.admin_key import ADMIN_HEADER, RESTRICTED_APIS
@@ -153,6 +154,7 @@ class TritonServer:
     def environment(self) -> dict[str, str]:
         """The server's environment: the stub must run this interpreter's environment (venv)."""
         env = (self.install or TritonInstall.find()).environment()
+        env.pop(API_KEY_ENV, None)  # the frontend's key: no model needs it, so no stub should hold it
         if self.token_hidden:
             env = argv_secret.environment(env, self.admin_token, self.token_placeholder, self._secret_preload)
         return env

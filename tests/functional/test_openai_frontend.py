@@ -44,6 +44,19 @@ def frontend(server, tmp_path_factory):
     assert process.process is None and not is_alive(pid)
 
 
+KEY = "sk-batchlm-test-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def keyed_frontend(server, tmp_path_factory):
+    """A second frontend on the same server, started with an API key as `batchlm-serve` starts it."""
+    process = FrontendProcess(server.grpc_url, port=free_port(), graceful_timeout=2, api_key=KEY,
+                              log_path=tmp_path_factory.mktemp("keyed_frontend") / "frontend.log")
+    process.start(timeout=60)
+    yield process
+    process.stop()
+
+
 @pytest.fixture(scope="module")
 def sdk(frontend):
     client = openai.OpenAI(base_url=f"{frontend}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -364,3 +377,50 @@ def test_a_chat_without_max_tokens_runs_to_the_end_of_the_context(frontend, sdk)
     assert answer.choices[0].finish_reason == "length"
     assert answer.usage.prompt_tokens == prompt["count"]
     assert answer.usage.completion_tokens == prompt["max_model_len"] - prompt["count"]
+
+
+def test_with_an_api_key_the_sdk_is_answered_with_it_and_refused_without(keyed_frontend):
+    """A wrong key is the SDK's AuthenticationError, in OpenAI's error shape."""
+    url = f"{keyed_frontend.url}/v1"
+    with openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=60) as right:
+        assert {m.id for m in right.models.list()} == set(MODELS)
+        answer = right.completions.create(model="continuous_batching", prompt="Hi", max_tokens=2, **GREEDY)
+        assert answer.usage.completion_tokens == 2
+    with openai.OpenAI(base_url=url, api_key=KEY[:-1] + "0", max_retries=0, timeout=60) as wrong:
+        with pytest.raises(openai.AuthenticationError) as refused:
+            wrong.chat.completions.create(model="continuous_batching", max_tokens=2,
+                                          messages=[{"role": "user", "content": "Hi"}])
+    assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+    assert refused.value.body == {"message": "incorrect API key", "type": "invalid_request_error",
+                                  "param": None, "code": "invalid_api_key"}
+
+
+@pytest.mark.parametrize("headers, message", [
+    ({}, "no API key"),
+    ({"Authorization": f"Basic {KEY}"}, "must be one `Bearer <key>`"),
+    ({"Authorization": "Bearer"}, "must be one `Bearer <key>`"),
+    ({"Authorization": KEY}, "must be one `Bearer <key>`"),
+    ({"Authorization": f"Bearer {KEY}x"}, "incorrect API key"),
+])
+@pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("POST", "/v1/completions"),
+                                          ("GET", "/v1/no-such-route")])
+def test_without_the_key_every_v1_route_is_a_401_in_openais_shape(keyed_frontend, headers, message, method, path):
+    body = {"model": "continuous_batching", "prompt": "Hi", "max_tokens": 2}
+    r = requests.request(method, f"{keyed_frontend.url}{path}", headers=headers, timeout=30,
+                         json=body if method == "POST" else None)
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", r.text
+    assert r.json() == {"error": {"message": r.json()["error"]["message"], "type": "invalid_request_error",
+                                  "param": None, "code": "invalid_api_key"}}
+    assert message in r.json()["error"]["message"] and KEY not in r.text
+
+
+def test_with_an_api_key_health_and_metrics_stay_open_and_the_key_is_on_no_command_line(keyed_frontend):
+    """The key reaches the frontend in its environment, which only its own user reads; its command line,
+    which every local user reads, does not carry it (the launcher's side: test_smoke.py)."""
+    r = requests.get(f"{keyed_frontend.url}/health", timeout=30)
+    assert r.status_code == 200 and r.json() == {"triton_ready": True}
+    r = requests.get(f"{keyed_frontend.url}/metrics", timeout=30)
+    assert r.status_code == 200 and "batchlm:num_requests_running" in r.text
+    pid = keyed_frontend.process.pid
+    assert KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert f"BATCHLM_API_KEY={KEY}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

@@ -51,26 +51,31 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
     signals it, with two HTTP requests parked in static_batching, `scripts/serve.py` drains and stops
     the server: the parked requests are answered UNAVAILABLE, tritonserver unloads every model and exits
     without waiting out its exit timeout, and nothing of the server outlives the script (stubs, shared
-    memory, instance claims). The repository API that drains it is refused to other clients. `-s` prints
-    the time from the signal to the script's exit."""
+    memory, instance claims). The repository API that drains it is refused to other clients. The
+    frontend's API key, given in $BATCHLM_API_KEY, reaches the frontend alone and no process's command
+    line. `-s` prints the time from the signal to the script's exit."""
     shm_before = set(Path("/dev/shm").iterdir())
     out, log = tmp_path / "stdout.txt", tmp_path / "server.log"
     ports = [str(free_port()) for _ in range(3)]
+    frontend = f"http://127.0.0.1:{free_port()}"
     command = [sys.executable, "scripts/serve.py", "--http-port", ports[0], "--grpc-port", ports[1],
-               "--metrics-port", ports[2], "--frontend-port", str(free_port()),
+               "--metrics-port", ports[2], "--frontend-port", frontend.rpartition(":")[2],
                *([] if foreground else ["--log", str(log)])]
+    key = f"sk-smoke-{os.getpid()}-{signum}"
     with open(out, "wb") as sink:
-        proc = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                                env={**os.environ, "BATCHLM_API_KEY": key})
     tree: list[int] = []
     try:
         deadline = time.monotonic() + 300
-        while "tritonserver ready" not in out.read_text(errors="replace"):
+        while "OpenAI frontend ready" not in out.read_text(errors="replace"):
             assert proc.poll() is None and time.monotonic() < deadline, out.read_text(errors="replace")[-3000:]
             time.sleep(0.25)
         tree = process_tree(proc.pid)
         server_pid = next(pid for pid in tree if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
                           .endswith(b"tritonserver"))
-        assert len([pid for pid in tree if is_alive(pid)]) >= 4  # the server and a stub per model
+        assert len([pid for pid in tree if is_alive(pid)]) >= 5  # the server, a stub per model, the frontend
+        _check_the_api_key(tree, server_pid, frontend, key)
         # what the script's signal state was, for a failure's message (blocked, ignored, caught: bit masks)
         state = [line.strip() for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
                  if line.startswith(("SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd"))]
@@ -106,6 +111,22 @@ def test_serve_script_drains_and_stops_the_server_on_a_signal(tmp_path, signum, 
         assert not [p for p in set(Path("/dev/shm").iterdir()) - shm_before if p.name.startswith("batchlm_")]
     finally:  # NOTE: on a failure, leave nothing behind for the tests after this one
         _leave_nothing(proc, process_tree(proc.pid) + tree, shm_before)
+
+
+def _check_the_api_key(tree: list[int], server_pid: int, frontend: str, key: str) -> None:
+    """The key is on no command line of the serve script's tree, in the frontend's environment only, and
+    the frontend asks for it: 401 without it, 200 with it; /health is open."""
+    alive = [pid for pid in tree if is_alive(pid)]
+    for pid in alive:
+        assert key.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
+    holders = [pid for pid in alive if key.encode() in Path(f"/proc/{pid}/environ").read_bytes()]
+    frontends = [pid for pid in alive if b"batchlm.frontend" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(frontends) == 1 and holders == frontends, (holders, frontends, server_pid)  # not the server, stubs
+    once = {"Connection": "close"}
+    assert requests.get(f"{frontend}/v1/models", headers=once, timeout=30).status_code == 401
+    assert requests.get(f"{frontend}/v1/models", headers={**once, "Authorization": f"Bearer {key}"},
+                        timeout=30).status_code == 200
+    assert requests.get(f"{frontend}/health", headers=once, timeout=30).status_code == 200
 
 
 def test_serve_script_says_in_one_line_why_it_is_not_serving(tmp_path):

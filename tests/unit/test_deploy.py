@@ -345,6 +345,52 @@ def test_replicas_are_probed_scraped_and_scaled_on_a_batchlm_load_metric(variant
                        "batchlm_kv_blocks_total"}  # load that rises on the decoupled models
 
 
+def serves_openai_on_every_interface(dockerfile: Path) -> bool:
+    """Whether the image's command starts the OpenAI-compatible frontend bound to every interface."""
+    (command,) = [json.loads(line[len("CMD "):]) for line in dockerfile.read_text().splitlines()
+                  if line.startswith("CMD ")]
+    return "scripts/serve.py" in command and "--no-frontend" not in command and \
+        command[command.index("--frontend-host") + 1] == "0.0.0.0"
+
+
+def api_key_source(env: list[dict] | dict | None) -> dict | None:
+    """The `valueFrom` (Kubernetes) or value (compose) that sets BATCHLM_API_KEY in `env`; None: unset."""
+    if isinstance(env, dict):
+        return env.get("BATCHLM_API_KEY")
+    return next((e.get("valueFrom", e) for e in env or () if e["name"] == "BATCHLM_API_KEY"), None)
+
+
+@pytest.mark.parametrize("variant, dockerfile", [("cpu", "Dockerfile"), ("gpu", "trtllm/Dockerfile")])
+def test_an_image_that_serves_openai_on_every_interface_reads_its_api_key_from_a_secret(variant, dockerfile):
+    """The CPU image's frontend binds 0.0.0.0: its replicas read the key from a Secret, not from an argument
+    or a value in the manifest, and the Secret itself is the operator's (applying the folder again would
+    otherwise reset it). The GPU image runs no frontend, so it needs none."""
+    docs = [d for p in (DOCKER / "kubernetes" / variant).glob("*.yaml") for d in documents(p)]
+    assert not [d for d in docs if d["kind"] == "Secret"], "a key committed in a manifest is no secret"
+    deployment = next(d for d in docs if (d["kind"], d["metadata"]["name"]) == ("Deployment", "batchlm-triton"))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    source = api_key_source(container.get("env"))
+    arguments = (*container.get("command", ()), *container.get("args", ()))
+    assert not any("api-key" in a or "API_KEY" in a for a in arguments)
+    if serves_openai_on_every_interface(DOCKER / dockerfile):
+        assert variant == "cpu"
+        assert source == {"secretKeyRef": {"name": "batchlm-api-key", "key": "api-key"}}, source
+        assert {"name": "openai", "containerPort": 9000} in container["ports"]
+    else:
+        assert source is None
+
+
+def test_compose_gives_the_api_key_only_where_its_image_serves_openai():
+    """The compose file's server runs the GPU image, which serves no OpenAI frontend: no key to set; were
+    it to serve one on every interface, its key would have to come from the environment or an .env file."""
+    server = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]["server"]
+    source = api_key_source(server.get("environment"))
+    if serves_openai_on_every_interface(DOCKER / server["build"]["dockerfile"].removeprefix("docker/")):
+        assert source is not None and source.startswith("${BATCHLM_API_KEY"), source
+    else:
+        assert source is None and "9000:9000" not in server["ports"]
+
+
 def test_locust_workers_run_as_a_deployment_against_the_service():
     docs = {(d["kind"], d["metadata"]["name"]): d for d in documents(DOCKER / "kubernetes" / "locust.yaml")}
     worker = docs["Deployment", "batchlm-locust-worker"]["spec"]["template"]["spec"]["containers"][0]["command"]

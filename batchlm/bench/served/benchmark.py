@@ -81,6 +81,8 @@ class BenchmarkConfig:
     max_open_in_flight: int = 512  # open loop: threads available to requests in flight
     protocol: str = "http"         # "http", "grpc", "infer" or "openai" (see the module docstring)
     openai_url: str = DEFAULT_OPENAI_URL  # protocol "openai": the OpenAI-compatible server's /v1
+    # protocol "openai": the key it asks for; None: $BATCHLM_API_KEY where set. Never in a report.
+    openai_api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.protocol not in (*PROTOCOLS, OPENAI_PROTOCOL):
@@ -195,7 +197,7 @@ class Benchmark:
 
     def _check_openai(self) -> None:
         """The OpenAI-compatible server answers and serves the model (else RequestFailed, before the run)."""
-        oa = OpenAIClient(self.config.openai_url, timeout=30.0)
+        oa = OpenAIClient(self.config.openai_url, timeout=30.0, api_key=self.config.openai_api_key)
         try:
             served = oa.served()
         finally:
@@ -248,7 +250,7 @@ class Benchmark:
         llm = getattr(self._local, "llm", None)
         if llm is None:
             if self.config.protocol == OPENAI_PROTOCOL:
-                llm = OpenAIClient(self.config.openai_url, self.config.timeout)
+                llm = OpenAIClient(self.config.openai_url, self.config.timeout, self.config.openai_api_key)
             else:
                 llm = LLMClient(self.config.http_url, self.config.grpc_url, self.config.timeout,
                                 configs_of=self._probe)

@@ -10,7 +10,8 @@
 Against a running server (--http/--grpc/--metrics), or `--start-server` to bring one up with only
 this model loaded, from the repository or, with --set, from a copy of its folder whose config.pbtxt
 has those fields changed. `--protocol openai` sends the requests to an OpenAI-compatible server's
-/v1/completions instead (`--openai-url`; with --start-server, a frontend started next to the server).
+/v1/completions instead (`--openai-url`; with --start-server, a frontend started next to the server),
+with the frontend's API key where it asks for one (`--api-key`, else $BATCHLM_API_KEY).
 The workload (batchlm.bench.workload) is seeded: `--workload chat` (default) sends the project's prompt set
 through the model's chat template and lets the model end each answer (capped at --output-cap), then
 prints the output lengths it produced and the step-count bound computed from them; `--workload
@@ -26,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from batchlm.api_key import API_KEY_ENV, client_api_key
 from batchlm.bench.served.arrivals import ArrivalSpec
 from batchlm.bench.served.benchmark import BenchmarkConfig, UnmeasurableModel
 from batchlm.bench.served.config_override import ConfigOverride, overridden_config, overridden_repository
@@ -69,6 +71,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--openai-url", default=DEFAULT_OPENAI_URL,
                    help=f"--protocol openai: the frontend's base URL (default: {DEFAULT_OPENAI_URL}; with "
                         "--start-server, one started next to the server on a free port)")
+    p.add_argument("--api-key", default=None,
+                   help=f"--protocol openai: the key the frontend asks for (default: ${API_KEY_ENV}, where set); "
+                        "with --start-server, the frontend started asks for it")
     p.add_argument("--set", dest="overrides", metavar="PATH=VALUE", action="append", default=[],
                    help="with --start-server: serve the model with this config.pbtxt field changed (repeatable), "
                         "e.g. dynamic_batching.max_queue_delay_microseconds=200000, parameters.max_num_seqs=16, "
@@ -140,8 +145,8 @@ def main() -> None:
         repository = overridden_repository(args.model_repository, args.model, args.overrides, Path(scratch.name))
     if args.start_server:
         # NOTE: --protocol openai: the frontend starts once the server is ready, and stops first
-        frontend = FrontendProcess("", port=free_port(), log_path=args.out / "frontend.log") \
-            if args.protocol == OPENAI_PROTOCOL else None
+        frontend = FrontendProcess("", port=free_port(), log_path=args.out / "frontend.log",
+                                   api_key=client_api_key(args.api_key)) if args.protocol == OPENAI_PROTOCOL else None
         server = ServerWithFrontend(model_repository=repository,
                                     http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                                     log_path=args.out / "server.log",
@@ -167,7 +172,8 @@ def main() -> None:
     try:
         config = BenchmarkConfig(args.model, args.http, args.grpc, args.metrics, arrival,
                                  slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot), stream=args.stream,
-                                 protocol=args.protocol, openai_url=args.openai_url)
+                                 protocol=args.protocol, openai_url=args.openai_url,
+                                 openai_api_key=client_api_key(args.api_key))
         if isinstance(spec, WorkloadSpec):
             print(f"{args.model}: {arrival.label}, {spec.num_requests} requests; step-count bound of "
                   f"continuous over request-level batching at 8: {spec.static_speedup_bound(8):.2f}x")
