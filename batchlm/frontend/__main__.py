@@ -5,8 +5,8 @@
                      [--api-key KEY]
 
 It binds 127.0.0.1 unless `--host` says otherwise. With an API key (`--api-key`, else $BATCHLM_API_KEY,
-which keeps it off the command line that every local user can read), every route but `/health` and `/metrics` asks
-for `Authorization: Bearer <key>`. SIGINT or SIGTERM stop it gracefully: it stops
+which keeps it off the command line that every local user can read), every route but `/health` and
+`/metrics` asks for `Authorization: Bearer <key>`. SIGINT or SIGTERM stop it gracefully: it stops
 accepting, lets the answers in flight finish for up to `--graceful-timeout` seconds, then exits.
 `batchlm-serve` (make serve) starts it next to Triton.
 """
@@ -34,7 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="on a stop, seconds the answers in flight may take to finish")
     ap.add_argument("--access-log", action="store_true", help="log every request")
     ap.add_argument("--api-key", default=None,
-                    help=f"the bearer token every route but /health and /metrics asks for (default: ${API_KEY_ENV}, else "
+                    help=f"the bearer token every route but /health and /metrics asks for (default: "
+                         f"${API_KEY_ENV}, else "
                          "none); prefer the variable: an option is on the command line, which every local "
                          "user can read")
     args = ap.parse_args(argv)

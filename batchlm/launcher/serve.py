@@ -14,8 +14,8 @@ first. The server's log goes to this terminal, or with `--log` to that file.
 Once the server is ready, the OpenAI-compatible frontend (batchlm/frontend/) starts next to it on
 `--frontend-port` (9000; 0 or `--no-frontend`: none), bound to 127.0.0.1 unless `--frontend-host`
 says otherwise, and talks to the server over gRPC. With an API key ($BATCHLM_API_KEY, or `--api-key`,
-which puts it on this command's own command line), the frontend asks every request but `/health` and `/metrics` for
-`Authorization: Bearer <key>`; the key reaches it in its environment, and tritonserver does not get it.
+which puts it on this command's own command line), the frontend asks every request but `/health` and
+`/metrics` for `Authorization: Bearer <key>`; the key reaches it in its environment, and tritonserver does not get it.
 On a stop it is stopped first: it stops accepting and lets its answers in flight finish (at most 10 s),
 then the server is drained.
 
