@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from batchlm.errors import InvalidArgument
@@ -228,7 +229,7 @@ async def _generate(request: Request, info: ModelInfo, schema: SchemaRequest, ch
         if not schema.stream:
             timing.done(chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens)
             return JSONResponse(envelope.body(chunk.text, chunk.finish_reason, _usage(chunk)))
-        return _event_stream(_events(envelope, schema, chunk, None, failed, timing))
+        return _event_stream(_events(envelope, schema, chunk, None, failed, timing), timing)
     stream = backend.stream(info, inputs, envelope.id)
     try:
         first = await _until_answered(request, stream.__anext__())
@@ -238,11 +239,13 @@ async def _generate(request: Request, info: ModelInfo, schema: SchemaRequest, ch
             raise failed(exc) from None
         timing.gone()
         raise
-    return _event_stream(_events(envelope, schema, first, stream, failed, timing))
+    return _event_stream(_events(envelope, schema, first, stream, failed, timing), timing)
 
 
-def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
+def _event_stream(events: AsyncIterator[str], timing: RequestTiming) -> StreamingResponse:
+    # NOTE: the background task ends `timing` also where the client left before the first event, when the
+    # events' generator never started and so never reached its `finally`; after an end, a no-op
+    return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(timing.gone),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

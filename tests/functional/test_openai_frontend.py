@@ -205,6 +205,7 @@ def test_a_client_that_leaves_a_stream_frees_its_kv(server, frontend):
     generated = metric_value(server, "batchlm_generated_tokens_total", model) - before
     assert generated < 900 / 2, f"{generated:.0f} tokens generated for a stream whose client left"
     assert freed_after < 5
+    assert _frontend_running_reaches_zero(frontend, model)
 
 
 def test_a_client_that_leaves_a_parked_request_cancels_it(server, frontend):
@@ -218,6 +219,7 @@ def test_a_client_that_leaves_a_parked_request_cancels_it(server, frontend):
         with pytest.raises(requests.Timeout):
             asked.result()
     assert metric_reaches(server, "batchlm_waiting_requests", model, 0, timeout=10) == 0
+    assert _frontend_running_reaches_zero(frontend, model)
 
 
 def test_concurrent_streams_each_get_their_whole_answer(sdk, triton):
@@ -323,6 +325,17 @@ def _frontend_metrics(frontend: str) -> dict[tuple[str, tuple], float]:
     text = requests.get(f"{frontend}/metrics", timeout=30).text
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _frontend_running_reaches_zero(frontend: str, model: str, timeout: float = 10.0) -> bool:
+    """Whether the frontend's `batchlm:num_requests_running` for `model` reads 0 within `timeout`: a
+    request whose client left ends there too."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _frontend_metrics(frontend).get(("batchlm:num_requests_running", (("model_name", model),))) == 0:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def test_the_frontend_counts_its_requests_at_its_own_metrics(frontend, sdk):
