@@ -22,3 +22,11 @@ def served_model(configured: str) -> Path:
     path is relative to the project root (where `models/` lies)."""
     path = Path(os.environ.get(MODEL_ENV) or configured)
     return path if path.is_absolute() else PROJECT_ROOT / path
+
+
+def readable_model(config: dict) -> Path | None:
+    """The checkpoint a served model's config (Triton's JSON of it) names, where this process can read it
+    (a client or the frontend on the server's machine); None otherwise."""
+    configured = config.get("parameters", {}).get("model_dir", {}).get("string_value")
+    path = served_model(configured) if configured else None
+    return path if path is not None and path.exists() else None

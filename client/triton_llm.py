@@ -143,11 +143,9 @@ class LLMClient:
         the checkpoint the model's config names (batchlm.model.chat_template, as the OpenAI route renders
         it), where this machine can read that checkpoint; else with the plain template."""
         from batchlm.model.chat_template import load_chat_template
-        from batchlm.paths import served_model
+        from batchlm.paths import readable_model
 
-        configured = self.model_config(model, via).get("parameters", {}).get("model_dir", {}).get("string_value")
-        path = served_model(configured) if configured else None
-        return load_chat_template(path if path is not None and path.exists() else None).render(messages)
+        return load_chat_template(readable_model(self.model_config(model, via))).render(messages)
 
     def is_decoupled(self, model: str, via: str = "http") -> bool:
         return bool(self.model_config(model, via).get("model_transaction_policy", {}).get("decoupled"))

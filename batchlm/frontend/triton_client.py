@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from batchlm.errors import InvalidArgument
 from batchlm.frontend.errors import invalid
-from batchlm.paths import served_model
+from batchlm.paths import readable_model
 from batchlm.request_schema import DATA_TYPES, Chunk, MalformedResponse, input_arrays
 
 # The models the frontend serves, where Triton has them loaded and ready.
@@ -56,15 +56,12 @@ class ModelInfo:
     @classmethod
     def from_config(cls, config: dict) -> "ModelInfo":
         """From the model's config as gRPC's JSON (fields at their default are left out)."""
-        model_dir = config.get("parameters", {}).get("model_dir", {}).get("string_value")
-        path = served_model(model_dir) if model_dir else None
-        path = path if path is not None and path.exists() else None
         return cls(
             name=config["name"],
             decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
             batched=int(config.get("max_batch_size", 0)) > 0,
             inputs={i["name"]: i.get("data_type", "TYPE_STRING") for i in config.get("input", [])},
-            model_dir=path,
+            model_dir=readable_model(config),
             max_model_len=_int_parameter(config, "max_model_len"),
         )
 
