@@ -15,7 +15,7 @@ with the limits declared here. Pure: numpy and batchlm.errors only (no torch, no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +27,9 @@ MAX_PROMPT_BYTES = 64 * 1024
 # request may carry only this many, this long.
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
+# The most likely alternatives a request may ask for at each token (`logprobs`, `prompt_logprobs`): the
+# top-k of a vocabulary-wide row costs the engine thread that all requests share.
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ INPUTS: dict[str, Field] = _by_name(
                                   "the text ends before the first one it contains", (), dims=(-1,)),
     Field("ignore_eos", _BOOL, False, "keep generating past EOS (benchmarks)", False),
     Field("stream", _BOOL, False, "send the text as it is made (decoupled models only)", False),
+    Field("logprobs", _INT32, False, "return the log-probability of each generated token and of its N most "
+                                     f"likely alternatives (0 <= N <= {MAX_LOGPROBS}); absent: none", None),
+    Field("prompt_logprobs", _INT32, False, "the same for every prompt token after the first (0 <= N <= "
+                                            f"{MAX_LOGPROBS}), on the first response; absent: none", None),
 )
 OUTPUTS: dict[str, Field] = _by_name(
     Field("text_output", _STRING, True, "the text: a response's new text when streaming, else all of it"),
@@ -95,6 +102,19 @@ OUTPUTS: dict[str, Field] = _by_name(
                                            "request; empty on the others"),
     Field("num_input_tokens", _INT32, False, "the prompt's tokens"),
     Field("num_output_tokens", _INT32, False, "the tokens generated so far"),
+    Field("output_ids", _INT32, False, "the ids of the tokens text_output holds", dims=(-1,)),
+    Field("output_log_probs", _FP32, False, "with `logprobs`: log p of each of output_ids given all before it, "
+                                            "from the model's logits before temperature, top-k and top-p", dims=(-1,)),
+    Field("output_top_ids", _INT32, False, "with `logprobs` N > 0: the N most likely ids at each position of "
+                                           "output_ids, most likely first, position after position", dims=(-1,)),
+    Field("output_top_log_probs", _FP32, False, "the log p of each of output_top_ids", dims=(-1,)),
+    Field("prompt_ids", _INT32, False, "with `prompt_logprobs`, on the first response: the prompt's ids",
+          dims=(-1,)),
+    Field("prompt_log_probs", _FP32, False, "log p of each of prompt_ids but the first, given those before it",
+          dims=(-1,)),
+    Field("prompt_top_ids", _INT32, False, "with `prompt_logprobs` N > 0: the N most likely ids at each of "
+                                           "those positions", dims=(-1,)),
+    Field("prompt_top_log_probs", _FP32, False, "the log p of each of prompt_top_ids", dims=(-1,)),
 )
 
 
@@ -251,18 +271,46 @@ def input_arrays(fields: Mapping[str, object], declared: Mapping[str, str] | Non
     return arrays
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability given every token before it, and the most likely tokens in its place."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (id, log p), most likely first
+
+
+def logprob_outputs(prefix: str, ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None) -> dict[str, np.ndarray]:
+    """The output arrays of `ids` and their log-probabilities, by name: `{prefix}_ids`, and with `logprobs`
+    `{prefix}_log_probs` and, where they hold alternatives, `{prefix}_top_ids` and `{prefix}_top_log_probs`
+    (prefix "output" or "prompt"; `logprobs` is one per id, or one per id but the first for a prompt)."""
+    arrays = {f"{prefix}_ids": np.array(ids, dtype=np.int32)}
+    if logprobs is None:
+        return arrays
+    arrays[f"{prefix}_log_probs"] = np.array([t.logprob for t in logprobs], dtype=np.float32)
+    if any(t.top for t in logprobs):
+        arrays[f"{prefix}_top_ids"] = np.array([i for t in logprobs for i, _ in t.top], dtype=np.int32)
+        arrays[f"{prefix}_top_log_probs"] = np.array([p for t in logprobs for _, p in t.top], dtype=np.float32)
+    return arrays
+
+
 class MalformedResponse(ValueError):
     """A model's response lacks what every response carries (`text_output`)."""
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """One response of a model: new text (a delta when streaming) and the model's counters."""
+    """One response of a model: new text (a delta when streaming) and the model's counters; with the
+    request's `logprobs` and `prompt_logprobs`, the log-probabilities of its tokens."""
 
     text: str
     finish_reason: str | None        # "" on a response that does not end the request; None: no such output
     num_input_tokens: int | None     # None where the model has no such output
     num_output_tokens: int | None
+    token_ids: tuple[int, ...] | None = None           # the ids `text` holds; None where the model has no such output
+    logprobs: tuple[TokenLogprob, ...] | None = None   # one per token id, with `logprobs`
+    prompt_ids: tuple[int, ...] | None = None          # with `prompt_logprobs`, on the first response
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # one per prompt id but the first
 
     @classmethod
     def from_outputs(cls, output: Callable[[str], object]) -> Chunk:
@@ -271,7 +319,8 @@ class Chunk:
         `outputs`' data), or None where the response has none.
 
         Raises:
-            MalformedResponse: the response has no `text_output`.
+            MalformedResponse: the response has no `text_output`, or log-probabilities that do not match
+                their ids.
         """
         def first(name: str):
             value = output(name)
@@ -285,9 +334,34 @@ class Chunk:
                                          ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens"))
         if text is None:
             raise MalformedResponse("the response has no text_output")
+        token_ids, logprobs = _logprobs_of(output, "output", 0)
+        prompt_ids, prompt_logprobs = _logprobs_of(output, "prompt", 1)
         return cls(text=_str(text), finish_reason=None if reason is None else _str(reason),
                    num_input_tokens=None if num_in is None else int(num_in),
-                   num_output_tokens=None if num_out is None else int(num_out))
+                   num_output_tokens=None if num_out is None else int(num_out),
+                   token_ids=token_ids, logprobs=logprobs, prompt_ids=prompt_ids, prompt_logprobs=prompt_logprobs)
+
+
+def _logprobs_of(output: Callable[[str], object], prefix: str, skip: int):
+    """(ids, their TokenLogprobs) of logprob_outputs' arrays, read back; `skip` ids have no log-probability."""
+    def flat(name: str) -> list | None:
+        value = output(f"{prefix}_{name}")
+        return None if value is None else np.asarray(value).reshape(-1).tolist()
+
+    ids, logprobs, top_ids, top_logprobs = (flat(n) for n in ("ids", "log_probs", "top_ids", "top_log_probs"))
+    if ids is None:
+        return None, None
+    ids = tuple(int(i) for i in ids)
+    if logprobs is None:
+        return ids, None
+    n = len(ids) - skip if ids else 0
+    top_ids, top_logprobs = top_ids or [], top_logprobs or []
+    if len(logprobs) != n or len(top_ids) != len(top_logprobs) or (n and len(top_ids) % n) or (top_ids and not n):
+        raise MalformedResponse(f"{prefix}_log_probs does not match {prefix}_ids")
+    width = len(top_ids) // n if n else 0
+    rows = [tuple(zip((int(i) for i in top_ids[r * width:(r + 1) * width]),
+                      (float(p) for p in top_logprobs[r * width:(r + 1) * width]))) for r in range(n)]
+    return ids, tuple(TokenLogprob(ids[skip + r], float(logprobs[r]), rows[r]) for r in range(n))
 
 
 def _str(value) -> str:

@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 
 from batchlm.errors import InvalidArgument
-from batchlm.request_schema import INPUTS, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from batchlm.request_schema import INPUTS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 MAX_SEED = INPUTS["seed"].data_type.bounds[1]  # the seed input's type, uint64
 
@@ -26,6 +26,8 @@ class SamplingParams:
     seed: int | None = INPUTS["seed"].default
     stop: tuple[str, ...] = INPUTS["stop"].default
     ignore_eos: bool = INPUTS["ignore_eos"].default
+    logprobs: int | None = INPUTS["logprobs"].default
+    prompt_logprobs: int | None = INPUTS["prompt_logprobs"].default
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -52,6 +54,12 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidArgument("ignore_eos", f"must be a bool, got {self.ignore_eos!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value, 0)
+                if value > MAX_LOGPROBS:
+                    raise InvalidArgument(name, f"must be <= {MAX_LOGPROBS}, got {value}")
 
     @property
     def is_greedy(self) -> bool:
