@@ -252,10 +252,10 @@ class ContinuousBatchingService(BatchingService):
             if out.finished:
                 triton_io.send_final_quietly(active.sender, None)
             return
-        text = active.buffer.take(out)
-        if text is None:
+        due = active.buffer.take(out)
+        if due is None:
             return
-        response = triton_io.output_response(out, text, batched=False)
+        response = triton_io.output_response(due, batched=False)
         if out.finished:  # quietly: a client gone at its last token must not fail the batch
             triton_io.send_final_quietly(active.sender, response)
         elif not triton_io.send_quietly(active.sender, response):

@@ -104,7 +104,7 @@ class DynamicBatchingService(BatchingService):
             try:
                 responses[i] = (triton_io.left_batch_response(self._name, deadline, start, now)
                                 if out.finish_reason is FinishReason.CANCELLED
-                                else triton_io.output_response(out, out.text, batched=True))
+                                else triton_io.output_response(out, batched=True))
             except Exception as exc:  # noqa: BLE001 - this row alone fails; the others are answered
                 triton_io.log_error(f"{self._name}: answering a request failed: {exc!r}")
                 responses[i] = triton_io.error_response(exc)

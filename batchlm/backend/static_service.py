@@ -309,7 +309,7 @@ class StaticBatchingService(BatchingService):
             return triton_io.left_batch_response(self._name, entry.deadline, entry.arrival, now)
         if entry.sender.is_cancelled():
             return triton_io.cancelled_response(self._name)
-        return triton_io.output_response(out, out.text, False)
+        return triton_io.output_response(out, batched=False)
 
     def _on_step(self, num_sequences: int, new_tokens: int) -> None:
         self._faults.hit("step")  # NOTE: raised as the step returns: the batch's rows are aborted, it fails

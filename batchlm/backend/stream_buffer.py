@@ -17,21 +17,21 @@ class StreamBuffer:
             raise ValueError(f"interval must be >= 1, got {interval}")
         self.stream = stream
         self.interval = interval
-        self._text: list[str] = []  # text not sent yet (all of it when not streaming)
+        self._parts: list[RequestOutput] = []  # outputs not sent yet (all of them when not streaming)
         self._unsent_tokens = 0  # tokens generated since the last response
         self._sent_text = False  # a response with text was sent
 
-    def take(self, out: RequestOutput) -> str | None:
-        """Buffer one output; the text to send now (possibly "" on the final one), or None if nothing
-        is due yet."""
-        self._text.append(out.text)
+    def take(self, out: RequestOutput) -> RequestOutput | None:
+        """Buffer one output; what to send now (the buffered outputs joined: their text, possibly "" on
+        the final one, ids and log-probabilities), or None if nothing is due yet."""
+        self._parts.append(out)
         self._unsent_tokens += len(out.token_ids)
-        due = out.finished or (self.stream and any(self._text) and (
+        due = out.finished or (self.stream and any(p.text for p in self._parts) and (
             not self._sent_text or self._unsent_tokens >= self.interval))
         if not due:
             return None
-        text = "".join(self._text)
-        self._text.clear()
+        joined = RequestOutput.concat(self._parts) if len(self._parts) > 1 else out
+        self._parts.clear()
         self._unsent_tokens = 0
-        self._sent_text = self._sent_text or bool(text)
-        return text
+        self._sent_text = self._sent_text or bool(joined.text)
+        return joined

@@ -16,7 +16,7 @@ from batchlm.engine.request_output import RequestOutput
 from batchlm.engine.sampling import SamplingParams
 from batchlm.errors import InvalidArgument, TimedOut, Unavailable
 from batchlm.paths import served_model
-from batchlm.request_schema import INPUTS, OUTPUTS, check_parameters, parse_inputs
+from batchlm.request_schema import INPUTS, OUTPUTS, check_parameters, logprob_outputs, parse_inputs
 from batchlm.backend.serving_config import ServingConfig
 
 
@@ -114,14 +114,17 @@ def left_batch_response(model_name: str, deadline: float | None, since: float,
     return cancelled_response(model_name)
 
 
-def output_response(out: RequestOutput, text: str, batched: bool) -> "pb_utils.InferenceResponse":
-    """A response carrying `text` and the counters of `out`; `batched` adds the batch dimension."""
-    shape = (1, 1) if batched else (1,)
+def output_response(out: RequestOutput, batched: bool) -> "pb_utils.InferenceResponse":
+    """A response carrying the text, ids and counters of `out` and the log-probabilities its request asks
+    for; `batched` adds the batch dimension."""
     reason = out.finish_reason.value if out.finish_reason is not None else ""
-    values = {"text_output": text.encode(), "finish_reason": reason.encode(),
+    values = {"text_output": out.text.encode(), "finish_reason": reason.encode(),
               "num_input_tokens": out.num_prompt_tokens, "num_output_tokens": out.num_output_tokens}
-    tensors = [pb_utils.Tensor(name, np.array([value], dtype=OUTPUTS[name].data_type.dtype).reshape(shape))
-               for name, value in values.items()]
+    arrays = {name: np.array([value], dtype=OUTPUTS[name].data_type.dtype) for name, value in values.items()}
+    arrays.update(logprob_outputs("output", out.token_ids, out.logprobs))
+    if out.prompt_logprobs is not None:
+        arrays.update(logprob_outputs("prompt", out.prompt_ids, out.prompt_logprobs))
+    tensors = [pb_utils.Tensor(name, array.reshape(1, -1) if batched else array) for name, array in arrays.items()]
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 

@@ -144,10 +144,10 @@ class LLMEngine:
                 torch.set_num_threads(threads)
         outputs, self._pending = self._pending, []
         scheduled = self.scheduler.schedule()
-        sampled = self.runner.run(scheduled)
-        updated = self.scheduler.update(scheduled, sampled)
+        result = self.runner.run(scheduled)
+        updated = self.scheduler.update(scheduled, result.tokens, result.logprobs, result.prompt_logprobs)
         self._last = scheduled
-        self._total_generated += len(sampled)
+        self._total_generated += len(result.tokens)
         return outputs + [RequestOutput.take(seq) for seq in updated]
 
     def running_request_ids(self) -> list[str]:

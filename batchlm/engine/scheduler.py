@@ -25,12 +25,14 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Mapping
 
 from batchlm.engine.block_allocator import BlockAllocator
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sequence import FinishReason, Sequence, SequenceStatus
 from batchlm.errors import InvalidArgument
+from batchlm.request_schema import TokenLogprob
 
 
 class KVPolicy(enum.Enum):
@@ -121,17 +123,23 @@ class Scheduler:
         padding = tuple(self.padding) if scheduled else ()
         return SchedulerOutput(tuple(scheduled), tuple(preempted), padding)
 
-    def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[Sequence]:
+    def update(self, output: SchedulerOutput, sampled: Mapping[str, int],
+               logprobs: Mapping[str, TokenLogprob] = MappingProxyType({}),
+               prompt_logprobs: Mapping[str, list[TokenLogprob]] = MappingProxyType({})) -> list[Sequence]:
         """Record what the step computed; `sampled` maps request id -> token for every entry with
-        `samples`. Returns the sequences that got a token (finished ones included, already retired)."""
+        `samples`, `logprobs` request id -> that token's log-probability where the request asks for it,
+        `prompt_logprobs` request id -> its prompt tokens' that this step computed. Returns the sequences
+        that got a token (finished ones included, already retired)."""
         updated = []
         for item in output.scheduled:
             seq = item.seq
             if seq.is_finished:  # aborted after schedule(): its blocks are already free
                 continue
             seq.num_computed_tokens += item.num_tokens
+            if seq.request_id in prompt_logprobs:
+                seq.add_prompt_logprobs(prompt_logprobs[seq.request_id])
             if item.samples:
-                seq.append_token(sampled[seq.request_id])
+                seq.append_token(sampled[seq.request_id], logprobs.get(seq.request_id))
                 updated.append(seq)
                 if seq.is_finished:
                     self.running.remove(seq)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
+from batchlm.request_schema import TokenLogprob
+
 if TYPE_CHECKING:  # NOTE: keeps sequence (and so the scheduler) free of torch at import time
     from batchlm.engine.sampling import SamplingParams
 
@@ -47,6 +49,8 @@ class Sequence:
         self.prompt_ids: list[int] = list(prompt_ids)
         self.params = params
         self.output_ids: list[int] = []
+        self.output_logprobs: list[TokenLogprob] = []  # one per output id, with params.logprobs
+        self.prompt_logprobs: list[TokenLogprob] = []  # prompt ids 1, 2, ... so far, with params.prompt_logprobs
         self.block_table: list[int] = []       # KV block ids, in position order
         self.num_computed_tokens = 0           # tokens whose K/V are in the cache
         self.status = SequenceStatus.WAITING
@@ -58,6 +62,7 @@ class Sequence:
         self._text = ""
         self._num_text_taken = 0
         self._num_ids_taken = 0
+        self._prompt_logprobs_taken = False
 
     # --- derived counters ---
     @property
@@ -100,9 +105,18 @@ class Sequence:
         return self.prompt_ids[start:] + self.output_ids[:end - p]
 
     # --- state changes ---
-    def append_token(self, token_id: int) -> None:
-        """Add a sampled token and finish the sequence if a stop condition holds."""
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt log-probabilities are asked for and some are still to compute."""
+        return (self.params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < self.num_prompt_tokens - 1)
+
+    def append_token(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
+        """Add a sampled token (and its log-probability, where asked for) and finish the sequence if a
+        stop condition holds."""
         self.output_ids.append(token_id)
+        if logprob is not None:
+            self.output_logprobs.append(logprob)
         if token_id in self._eos:
             self.finish(FinishReason.STOP)          # NOTE: EOS is in token_ids but not in the text
             return
@@ -142,10 +156,24 @@ class Sequence:
         self._num_text_taken = limit
         return piece
 
-    def take_new_token_ids(self) -> list[int]:
-        ids = self.output_ids[self._num_ids_taken:]
-        self._num_ids_taken = len(self.output_ids)
-        return ids
+    def add_prompt_logprobs(self, logprobs: list[TokenLogprob]) -> None:
+        """Record the log-probabilities of the next prompt tokens (a prefill chunk's); those of tokens
+        recomputed after a preemption are already here and are not passed again."""
+        self.prompt_logprobs += logprobs
+
+    def take_new_tokens(self) -> tuple[list[int], list[TokenLogprob] | None]:
+        """The output ids not handed out before, and their log-probabilities (None if not asked for)."""
+        start, self._num_ids_taken = self._num_ids_taken, len(self.output_ids)
+        logprobs = self.output_logprobs[start:] if self.params.logprobs is not None else None
+        return self.output_ids[start:], logprobs
+
+    def take_prompt_logprobs(self) -> list[TokenLogprob] | None:
+        """The prompt's log-probabilities, once, when all are known; None before, after, or if not asked for."""
+        if (self.params.prompt_logprobs is None or self._prompt_logprobs_taken
+                or len(self.prompt_logprobs) < self.num_prompt_tokens - 1):
+            return None
+        self._prompt_logprobs_taken = True
+        return self.prompt_logprobs
 
     def _set_finished(self, reason: FinishReason) -> None:
         self.status = SequenceStatus.FINISHED

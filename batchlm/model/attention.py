@@ -84,14 +84,21 @@ class AttentionMetadata:
     @classmethod
     def for_last_tokens(cls, batch: ForwardBatch, block_size: int, device: torch.device,
                         use_kernel: bool = False) -> "AttentionMetadata":
-        """Metadata for attending only each sequence's last scheduled token (the rows at
-        `batch.logits_indices`), as single-token queries over the whole context; K/V are written with
-        the full batch's metadata. The model's last layer uses it: nothing reads its other rows."""
+        """Metadata for attending only the rows at `batch.logits_indices` (each sequence's last scheduled
+        token, and the prompt positions whose log-probabilities are asked for), as single-token queries
+        over the context up to each; K/V are written with the full batch's metadata. The model's last
+        layer uses it: nothing reads its other rows."""
+        rows = batch.logits_indices
+        if rows.shape[0] == batch.num_seqs:  # one row per sequence: its last token
+            context_lens, tables = batch.context_lens, batch.block_tables
+        else:
+            ends = torch.tensor(batch.query_lens, device=rows.device).cumsum(0)
+            owner = torch.searchsorted(ends, rows, right=True)   # (R,) the sequence of each row
+            context_lens, tables = (batch.positions[rows] + 1).tolist(), batch.block_tables[owner]
         last = ForwardBatch(
-            input_ids=batch.input_ids[batch.logits_indices], positions=batch.positions[batch.logits_indices],
-            slot_mapping=batch.slot_mapping[batch.logits_indices], query_lens=[1] * batch.num_seqs,
-            context_lens=batch.context_lens, block_tables=batch.block_tables,
-            logits_indices=torch.arange(batch.num_seqs))
+            input_ids=batch.input_ids[rows], positions=batch.positions[rows],
+            slot_mapping=batch.slot_mapping[rows], query_lens=[1] * rows.shape[0],
+            context_lens=context_lens, block_tables=tables, logits_indices=torch.arange(rows.shape[0]))
         return cls.build(last, block_size, device, use_kernel)
 
     @classmethod

@@ -15,7 +15,8 @@ class ForwardBatch:
     A sequence contributes either a prefill chunk (query_len >= 1 prompt tokens) or one decode token.
 
     Invariants the model relies on:
-    - len(query_lens) == len(context_lens) == block_tables.shape[0] == logits_indices.shape[0] == S;
+    - len(query_lens) == len(context_lens) == block_tables.shape[0] == S;
+    - logits_indices holds each sequence's last token, in sequence order, and may hold earlier rows too;
     - query_lens[i] <= context_lens[i]; the first context_lens[i] - query_lens[i] tokens of sequence i
       are already in the KV cache, in the slots its block table names;
     - slot_mapping[t] = block * block_size + offset for token t's absolute position, inside its own blocks;
@@ -28,7 +29,7 @@ class ForwardBatch:
     query_lens: list[int]  # (S) tokens scheduled per sequence (1 for decode, chunk length for prefill)
     context_lens: list[int]  # (S) tokens in the cache for the sequence after this step (cached + query_len)
     block_tables: torch.Tensor  # (S, max_blocks) int64: block ids of each sequence, right-padded with 0
-    logits_indices: torch.Tensor  # (S,) int64: index into T of each sequence's last scheduled token
+    logits_indices: torch.Tensor  # (R,) int64, ascending: rows of T whose logits are returned, R >= S
 
     @property
     def num_tokens(self) -> int:

@@ -115,9 +115,9 @@ def _onednn_linear_available() -> bool:
 
 @dataclass(frozen=True)
 class RowsKept:
-    """The rows of T a layer keeps (each sequence's last scheduled token) and their attention metadata."""
+    """The rows of T a layer keeps (`ForwardBatch.logits_indices`) and their attention metadata."""
 
-    rows: torch.Tensor  # (S,) int64 indices into T
+    rows: torch.Tensor  # (R,) int64 indices into T
     meta: AttentionMetadata  # single-token queries at those rows (AttentionMetadata.for_last_tokens)
 
 
@@ -259,7 +259,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
         """Write the K/V of all T tokens into their slots, attend, return logits (S, V) float32.
 
-        Only the rows at `batch.logits_indices` (each sequence's last scheduled token) reach lm_head.
+        Only the rows at `batch.logits_indices` reach lm_head: (R, V), R >= S.
         """
         device = self.device
         meta = AttentionMetadata.build(batch, kv_cache.block_size, device, use_kernel=self.attention_kernel)
@@ -267,20 +267,20 @@ class LlamaForCausalLM(nn.Module):
         positions = batch.positions.to(device, non_blocking=True)  # (T,)
         rope = self.rotary(positions, self.dtype)  # cos, sin: (T, 1, hd) each
         h = self.embed_tokens(input_ids)  # (T, D)
-        rows = batch.logits_indices.to(device, non_blocking=True)  # (S,)
+        rows = batch.logits_indices.to(device, non_blocking=True)  # (R,)
         # NOTE: only the last layer's outputs at `rows` reach lm_head, so when a prompt chunk feeds more
-        # tokens than there are sequences, that layer caches every token's K/V but attends, projects and
+        # tokens than there are rows, that layer caches every token's K/V but attends, projects and
         # runs its MLP for those rows alone (a prompt token skips about a tenth of its linear FLOPs).
         keep = None
-        if batch.num_tokens > batch.num_seqs:
+        if batch.num_tokens > rows.shape[0]:
             keep = RowsKept(rows, AttentionMetadata.for_last_tokens(
                 batch, kv_cache.block_size, device, use_kernel=self.attention_kernel))
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             h = layer(h, rope, kv_cache.k[i], kv_cache.v[i], meta, keep if i == last else None)  # (T, D)
         if keep is None:
-            h = h[rows]  # (S, D)
-        return self.lm_head(self.norm(h)).float()  # (S, V)
+            h = h[rows]  # (R, D)
+        return self.lm_head(self.norm(h)).float()  # (R, V)
 
     def prepack_linears(self, backend: str = "auto") -> int:
         """CPU: move every Linear to a packed weight (Linear.prepack; "auto", "kernel" or "onednn").

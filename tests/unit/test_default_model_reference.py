@@ -150,3 +150,25 @@ def test_log_probabilities_and_perplexity_of_a_text_equal_transformers(engine, r
     print(f"perplexity {ppl_ours:.4f} vs transformers {ppl_theirs:.4f}")
     assert ppl_ours == pytest.approx(ppl_theirs, rel=PERPLEXITY_RTOL)
     assert ppl_ours < 100  # a real model reads real text: random weights give thousands
+
+
+@torch.inference_mode()
+def test_returned_log_probabilities_equal_transformers(engine, reference):
+    """What a request with `prompt_logprobs` and `logprobs` gets back: every prompt token after the first
+    and every generated one, with its 5 most likely alternatives, scored as transformers scores them."""
+    ids = engine.tokenizer.encode(TEXT)
+    out = engine.generate([ids], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
+                                                logprobs=5, prompt_logprobs=5))[0]
+    scored = out.prompt_logprobs + out.logprobs
+    full = ids + out.token_ids
+    assert [t.token_id for t in scored] == full[1:]
+    theirs = torch.log_softmax(reference(input_ids=torch.tensor([full])).logits[0, :-1].double(), -1)  # (n-1, V)
+    worst = 0.0
+    for position, token in enumerate(scored):
+        worst = max(worst, abs(token.logprob - theirs[position, token.token_id].item()),
+                    *(abs(p - theirs[position, i].item()) for i, p in token.top))
+        top2 = theirs[position].topk(2).values
+        if top2[0] - top2[1] > 2 * LOGPROB_ATOL:  # no near-tie: the most likely token is the same one
+            assert token.top[0][0] == int(theirs[position].argmax()), position
+    print(f"{len(scored)} tokens, 5 alternatives each: max |dlogprob| {worst:.2e}")
+    assert worst <= LOGPROB_ATOL

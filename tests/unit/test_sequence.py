@@ -90,5 +90,5 @@ def test_token_ids_are_handed_out_once():
     seq = make()
     seq.append_token(1)
     seq.append_token(2)
-    assert seq.take_new_token_ids() == [1, 2]
-    assert seq.take_new_token_ids() == []
+    assert seq.take_new_tokens() == ([1, 2], None)
+    assert seq.take_new_tokens() == ([], None)

@@ -144,23 +144,27 @@ def test_front_parameters_are_checked_naming_the_key(params, field):
     assert err.value.field == field
 
 
-def _out(text, n, finished=False):
-    return RequestOutput("r", text, list(range(n)), finished, None, 3, 0)
+def _out(text, n, finished=False, first=0):
+    return RequestOutput("r", text, list(range(first, first + n)), finished, None, 3, 0)
+
+
+def _sent(due):
+    return None if due is None else (due.text, due.token_ids)
 
 
 def test_stream_buffer_sends_first_text_at_once_then_every_interval_tokens():
     buffer = StreamBuffer(stream=True, interval=3)
     assert buffer.take(_out("", 1)) is None  # no text yet (a character still incomplete)
-    assert buffer.take(_out("a", 1)) == "a"  # the first text goes at once
-    assert buffer.take(_out("b", 1)) is None and buffer.take(_out("c", 1)) is None
-    assert buffer.take(_out("d", 1)) == "bcd"
-    assert buffer.take(_out("", 0, finished=True)) == ""
+    assert _sent(buffer.take(_out("a", 1, first=1))) == ("a", [0, 1])  # the first text goes at once
+    assert buffer.take(_out("b", 1, first=2)) is None and buffer.take(_out("c", 1, first=3)) is None
+    assert _sent(buffer.take(_out("d", 1, first=4))) == ("bcd", [2, 3, 4])
+    assert _sent(buffer.take(_out("", 0, finished=True))) == ("", [])
 
 
 def test_stream_buffer_without_streaming_answers_once():
     buffer = StreamBuffer(stream=False)
-    assert buffer.take(_out("a", 1)) is None and buffer.take(_out("b", 1)) is None
-    assert buffer.take(_out("c", 1, finished=True)) == "abc"
+    assert buffer.take(_out("a", 1)) is None and buffer.take(_out("b", 1, first=1)) is None
+    assert _sent(buffer.take(_out("c", 1, finished=True, first=2))) == ("abc", [0, 1, 2])
 
 
 def test_engine_build_plan_takes_its_limits_from_the_shipped_configs():

@@ -72,6 +72,9 @@ def check_params(params: SamplingParams) -> None:
     greedy request is sent `runtime_top_k` 1, so its `top_k` never reaches the engine."""
     if params.top_k > TOP_K_MAX and not samples_greedy(params):
         raise InvalidArgument("top_k", f"at most {TOP_K_MAX} on the TensorRT-LLM engine, got {params.top_k}")
+    for name in ("logprobs", "prompt_logprobs"):
+        if getattr(params, name) is not None:
+            raise InvalidArgument(name, "continuous_batching_trtllm does not return log-probabilities")
 
 
 def samples_greedy(params: SamplingParams) -> bool:

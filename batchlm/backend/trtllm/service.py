@@ -221,13 +221,13 @@ class TrtllmFrontService(BatchingService):
         self._record(self._metrics.record_tokens, taken)
         out = RequestOutput.take(seq)
         if seq.is_finished:
-            self._answer(flight, triton_io.output_response(out, flight.buffer.take(out), batched=False))
+            self._answer(flight, triton_io.output_response(flight.buffer.take(out), batched=False))
             if self._engine_still_generating(seq):
                 self._stop_engine_request(flight)
             return
-        text = flight.buffer.take(out)
-        if text is not None and not triton_io.send_quietly(
-                flight.sender, triton_io.output_response(out, text, batched=False)):
+        due = flight.buffer.take(out)
+        if due is not None and not triton_io.send_quietly(
+                flight.sender, triton_io.output_response(due, batched=False)):
             flight.cancelled.set()  # the client is gone
             self._stop_engine_request(flight)
 
@@ -245,7 +245,7 @@ class TrtllmFrontService(BatchingService):
         # NOTE: an engine that ends before max_tokens met its end_id (EOS), which it may leave out of output_ids
         seq.finish(FinishReason.LENGTH if seq.num_output_tokens >= seq.params.max_tokens else FinishReason.STOP)
         out = RequestOutput.take(seq)
-        self._answer(flight, triton_io.output_response(out, flight.buffer.take(out), batched=False))
+        self._answer(flight, triton_io.output_response(flight.buffer.take(out), batched=False))
 
     def _gone(self, flight: _Flight) -> bool:
         """Answer a request whose client cancelled (an empty final) or whose model is closing
