@@ -23,7 +23,6 @@ import queue
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 import requests
@@ -32,6 +31,7 @@ from tritonclient.utils import InferenceServerException
 
 from batchlm.errors import InvalidArgument
 from batchlm.request_schema import Chunk, MalformedResponse, input_arrays, request_fields
+from batchlm_client.result import RequestFailed, Result, collect
 
 
 # gRPC's own UNAVAILABLE when nothing answers at the address (a model's UNAVAILABLE, an overload, says otherwise)
@@ -61,34 +61,11 @@ def unreachable(exc: BaseException, http: str, grpc: str) -> str | None:
     return f"error: cannot reach the server (HTTP {http}, gRPC {grpc}): {reason}"
 
 
-class RequestFailed(RuntimeError):
-    """The server answered with an error; `status` is the HTTP status or gRPC status name."""
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(f"[{status}] {message}")
-        self.status = status
-        self.message = message
-
-
 # http: /generate and /generate_stream (SSE); grpc: ModelInfer and ModelStreamInfer streams; infer: HTTP
 # /infer in KServe v2 JSON, one answer, models that are not decoupled (it carries Triton's error code as
 # the HTTP status, which /generate on tritonserver 2.51 does not)
 PROTOCOLS = ("http", "grpc", "infer")
 STREAMING_PROTOCOLS = ("http", "grpc")  # the ones that reach every model, decoupled ones and streams included
-
-
-@dataclass
-class Result:
-    """A finished request: the whole text, counters (None where the model has none) and client-side
-    timings (seconds)."""
-
-    text: str
-    finish_reason: str | None
-    num_input_tokens: int | None
-    num_output_tokens: int | None
-    ttft: float  # time to the first response carrying text (whole answer when not streaming)
-    latency: float  # end to end
-    chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk, from the start
 
 
 def grpc_model_config(triton: grpcclient.InferenceServerClient, model: str, timeout: float) -> dict:
@@ -299,25 +276,6 @@ class LLMClient:
         if self._grpc is not None:
             self._grpc.close()
             self._grpc = None
-
-
-def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
-    """Drain a chunk stream (or the one chunk of a whole answer) into a Result with client-side timings."""
-    start = time.perf_counter() if start is None else start
-    texts, times, last = [], [], None
-    ttft = None
-    for chunk in chunks:
-        now = time.perf_counter() - start
-        texts.append(chunk.text)
-        times.append(now)
-        if ttft is None and chunk.text:
-            ttft = now
-        last = chunk
-    if last is None:
-        raise RequestFailed("empty", "the stream ended without a response")
-    latency = time.perf_counter() - start
-    return Result("".join(texts), last.finish_reason, last.num_input_tokens, last.num_output_tokens,
-                  ttft=latency if ttft is None else ttft, latency=latency, chunk_times=times)
 
 
 def _config_arrays(fields: dict, config: dict | None = None) -> list[tuple[str, str, np.ndarray]]:

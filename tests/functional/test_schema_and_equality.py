@@ -182,3 +182,42 @@ def test_a_stop_string_ends_the_text_everywhere(server, engine, model):
             results = list(pool.map(streamed, range(len(PROMPTS))))
         assert [(text, reason) for text, reason, _ in results] == [(out.text, "stop") for out in expected]
         assert sum(n for _, _, n in results) > len(PROMPTS)  # in pieces
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_log_probabilities_are_the_same_everywhere(server, engine, model):
+    """`logprobs` and `prompt_logprobs` reach the engine through Triton, and its outputs come back over
+    every protocol the model serves (and in the continuous model's streams, in pieces): the ids, values and
+    alternatives the request gets alone in process, next to requests that ask for none."""
+    params = [SamplingParams(max_tokens=5 + i, ignore_eos=True, **({"logprobs": 2, "prompt_logprobs": 1}
+                                                                    if i % 2 == 0 else {}))
+              for i in range(len(PROMPTS))]
+    alone = _alone(engine, params)
+    protocols = _protocols(model)
+
+    def ask(i):
+        options = {k: getattr(params[i], k) for k in ("logprobs", "prompt_logprobs")
+                   if getattr(params[i], k) is not None}
+        if model != "continuous_batching" or i % 4 != 0:
+            return _ask(server, model, protocols[i % len(protocols)], PROMPTS[i], params[i].max_tokens,
+                        ignore_eos=True, **options)
+        client = LLMClient(server.http_url, server.grpc_url, timeout=300)
+        try:
+            return collect(client.stream(protocols[i // 4 % 2], model, PROMPTS[i], params[i].max_tokens,
+                                         ignore_eos=True, stream=True, **options))
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(pool.map(ask, range(len(PROMPTS))))
+    for i, (answer, out) in enumerate(zip(answers, alone)):
+        assert not isinstance(answer, Exception), (i, answer)
+        assert (answer.text, answer.token_ids) == (out.text, out.token_ids), i
+        if i % 2:
+            assert (answer.logprobs, answer.prompt_ids, answer.prompt_logprobs) == (None, None, None), i
+            continue
+        assert answer.prompt_ids == out.prompt_ids, i
+        for got, want in zip((answer.logprobs, answer.prompt_logprobs), (out.logprobs, out.prompt_logprobs)):
+            ids = [[(t.token_id, [a for a, _ in t.top]) for t in side] for side in (got, want)]
+            assert ids[0] == ids[1], i
+            assert [t.logprob for t in got] == pytest.approx([t.logprob for t in want], abs=1e-5), i

@@ -256,3 +256,10 @@ def test_the_engine_is_built_from_the_default_models_hugging_face_export():
     assert front["model_dir"] == export
     image = (ROOT / "docker" / "trtllm" / "Dockerfile").read_text()
     assert f"scripts/install_default_model.py --hf-export {export}" in image
+
+
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_the_front_refuses_log_probabilities_naming_the_field(field):
+    with pytest.raises(InvalidArgument) as err:
+        trtllm_protocol.check_params(SamplingParams(max_tokens=4, **{field: 0}))
+    assert err.value.field == field

@@ -1,0 +1,69 @@
+"""What a finished request gives the caller (Result), built from the model's responses (collect), and
+the error a failed request raises (RequestFailed)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from batchlm.request_schema import Chunk, TokenLogprob
+
+
+class RequestFailed(RuntimeError):
+    """The server answered with an error; `status` is the HTTP status or gRPC status name."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"[{status}] {message}")
+        self.status = status
+        self.message = message
+
+
+
+@dataclass
+class Result:
+    """A finished request: the whole text, counters (None where the model has none) and client-side
+    timings (seconds)."""
+
+    text: str
+    finish_reason: str | None
+    num_input_tokens: int | None
+    num_output_tokens: int | None
+    ttft: float  # time to the first response carrying text (whole answer when not streaming)
+    latency: float  # end to end
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk, from the start
+    token_ids: list[int] | None = None             # the ids of `text`; None where the model has no such output
+    logprobs: list[TokenLogprob] | None = None     # one per token id, with the request's `logprobs`
+    prompt_ids: list[int] | None = None            # with `prompt_logprobs`
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt id but the first
+
+
+def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
+    """Drain a chunk stream (or the one chunk of a whole answer) into a Result with client-side timings."""
+    start = time.perf_counter() if start is None else start
+    texts, times, seen = [], [], []
+    ttft = None
+    for chunk in chunks:
+        now = time.perf_counter() - start
+        texts.append(chunk.text)
+        times.append(now)
+        if ttft is None and chunk.text:
+            ttft = now
+        seen.append(chunk)
+    if not seen:
+        raise RequestFailed("empty", "the stream ended without a response")
+    latency = time.perf_counter() - start
+    last = seen[-1]
+    prompt = next((c for c in seen if c.prompt_ids is not None), None)
+    return Result("".join(texts), last.finish_reason, last.num_input_tokens, last.num_output_tokens,
+                  ttft=latency if ttft is None else ttft, latency=latency, chunk_times=times,
+                  token_ids=_joined(c.token_ids for c in seen), logprobs=_joined(c.logprobs for c in seen),
+                  prompt_ids=None if prompt is None else list(prompt.prompt_ids),
+                  prompt_logprobs=None if prompt is None or prompt.prompt_logprobs is None
+                  else list(prompt.prompt_logprobs))
+
+
+def _joined(parts: Iterable[tuple | None]) -> list | None:
+    """The chunks' items in order; None where no chunk carries any (the model has no such output)."""
+    parts = [p for p in parts if p is not None]
+    return [item for part in parts for item in part] if parts else None
