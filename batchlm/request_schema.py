@@ -23,6 +23,7 @@ import numpy as np
 from batchlm.errors import InvalidArgument
 
 MAX_PROMPT_BYTES = 64 * 1024
+MAX_PROMPT_IDS = 64 * 1024  # a prompt of ids is refused above this before anything else reads it
 # Every new token is searched for every stop string on the engine thread that all requests share, so a
 # request may carry only this many, this long.
 MAX_STOP_STRINGS = 16
@@ -81,7 +82,10 @@ def _by_name(*fields: Field) -> dict[str, Field]:
 
 
 INPUTS: dict[str, Field] = _by_name(
-    Field("text_input", _STRING, True, f"the prompt, UTF-8, at most {MAX_PROMPT_BYTES} bytes"),
+    Field("text_input", _STRING, False, f"the prompt, UTF-8, at most {MAX_PROMPT_BYTES} bytes; a request carries "
+                                        "it or input_ids"),
+    Field("input_ids", _INT32, False, f"the prompt as token ids, at most {MAX_PROMPT_IDS}, in place of text_input",
+          dims=(-1,)),
     Field("max_tokens", _INT32, True, "tokens to generate at most (finish reason `length`)"),
     Field("temperature", _FP32, False, "0 = greedy (argmax); > 0 scales the logits before sampling", 0.0),
     Field("top_k", _INT32, False, "keep the k most likely tokens; 0 = off", 0),
@@ -154,6 +158,24 @@ def parse_inputs(inputs: Mapping[str, np.ndarray]) -> dict[str, object]:
         if spec.required and name not in inputs:
             raise InvalidArgument(name, "is required")
 
+    fields: dict[str, object] = {"text_input": _prompt_text(inputs)} if "text_input" in inputs else {}
+    if "input_ids" in inputs:
+        if fields:
+            raise InvalidArgument("input_ids", "a request carries text_input or input_ids, not both")
+        fields["input_ids"] = _prompt_ids(inputs)
+    elif not fields:
+        raise InvalidArgument("text_input", "is required (or the prompt's token ids, input_ids)")
+
+    for name in (n for n in INPUTS if n in inputs and n not in fields):
+        if name == "stop":
+            stops = (_text(s, "stop") for s in np.asarray(inputs["stop"]).reshape(-1))
+            fields["stop"] = tuple(s for s in stops if s)
+        else:
+            fields[name] = _READERS[INPUTS[name].data_type.config](inputs, name)
+    return fields
+
+
+def _prompt_text(inputs: Mapping[str, np.ndarray]) -> str:
     raw = _scalar(inputs, "text_input")
     # NOTE: the size is checked on the bytes as they came, before anything decodes or tokenizes them
     if len(raw if isinstance(raw, (bytes, np.bytes_)) else str(raw).encode()) > MAX_PROMPT_BYTES:
@@ -161,15 +183,19 @@ def parse_inputs(inputs: Mapping[str, np.ndarray]) -> dict[str, object]:
     prompt = _text(raw, "text_input")
     if not prompt:
         raise InvalidArgument("text_input", "must not be empty")
+    return prompt
 
-    fields: dict[str, object] = {"text_input": prompt}
-    for name in (n for n in INPUTS if n in inputs and n != "text_input"):
-        if name == "stop":
-            stops = (_text(s, "stop") for s in np.asarray(inputs["stop"]).reshape(-1))
-            fields["stop"] = tuple(s for s in stops if s)
-        else:
-            fields[name] = _READERS[INPUTS[name].data_type.config](inputs, name)
-    return fields
+
+def _prompt_ids(inputs: Mapping[str, np.ndarray]) -> tuple[int, ...]:
+    """The ids as integers; whether the model knows them is its tokenizer's to say."""
+    flat = np.asarray(inputs["input_ids"]).reshape(-1)
+    if flat.size == 0:
+        raise InvalidArgument("input_ids", "must not be empty")
+    if flat.size > MAX_PROMPT_IDS:
+        raise InvalidArgument("input_ids", f"at most {MAX_PROMPT_IDS} ids, got {flat.size}")
+    if flat.dtype == np.bool_ or not np.issubdtype(flat.dtype, np.integer):
+        raise InvalidArgument("input_ids", f"must be integers, got {flat.dtype}")
+    return tuple(int(i) for i in flat.tolist())
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str):
@@ -222,16 +248,18 @@ _READERS: dict[str, Callable[[Mapping[str, np.ndarray], str], object]] = {
 
 # -- the caller's side: fields in, arrays out; responses in, Chunks out --------------------------------
 
-def request_fields(prompt: str, max_tokens: int, **options) -> dict[str, object]:
-    """The fields of one request; options valued None are left out (so the server's default applies).
+def request_fields(prompt: str | Sequence[int], max_tokens: int, **options) -> dict[str, object]:
+    """The fields of one request, its prompt a text (`text_input`) or token ids (`input_ids`); options
+    valued None are left out (so the server's default applies).
 
     Raises:
         ValueError: an option that is no input.
         InvalidArgument: an integer that its input's type cannot hold, naming the field.
     """
-    fields: dict[str, object] = {"text_input": prompt, "max_tokens": int(max_tokens)}
+    fields: dict[str, object] = ({"text_input": prompt} if isinstance(prompt, str) else {"input_ids": list(prompt)})
+    fields["max_tokens"] = int(max_tokens)
     for name, value in options.items():
-        if name not in INPUTS:
+        if name not in INPUTS or name in ("text_input", "input_ids"):
             raise ValueError(f"unknown request field {name!r}; expected one of {sorted(INPUTS)}")
         if value is not None:
             fields[name] = list(value) if name == "stop" else value

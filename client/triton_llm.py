@@ -130,14 +130,14 @@ class LLMClient:
     def outputs(self, model: str, via: str = "http") -> set[str]:
         return {o["name"] for o in self.model_config(model, via).get("output", [])}
 
-    def answer(self, protocol: str, model: str, prompt: str, max_tokens: int, **options) -> Result:
+    def answer(self, protocol: str, model: str, prompt: str | list[int], max_tokens: int, **options) -> Result:
         """One whole answer over `protocol` (PROTOCOLS): `generate`, `infer_grpc` or `infer_http`."""
         asks = {"http": self.generate, "grpc": self.infer_grpc, "infer": self.infer_http}
         if protocol not in asks:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         return asks[protocol](model, prompt, max_tokens, **options)
 
-    def stream(self, protocol: str, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
+    def stream(self, protocol: str, model: str, prompt: str | list[int], max_tokens: int, **options) -> Iterator[Chunk]:
         """The response stream over `protocol` (STREAMING_PROTOCOLS): `generate_stream` or `stream_grpc`.
         "infer" cannot stream: RequestFailed("client", ...)."""
         if protocol == "infer":
@@ -148,7 +148,7 @@ class LLMClient:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         return asks[protocol](model, prompt, max_tokens, **options)
 
-    def _fields(self, model: str, prompt: str, max_tokens: int, via: str = "http", **options) -> dict:
+    def _fields(self, model: str, prompt: str | list[int], max_tokens: int, via: str = "http", **options) -> dict:
         """The request's fields (request_fields), each one an input the model declares (its config read
         `via` HTTP or gRPC); else RequestFailed("client", ...) naming the field."""
         try:
@@ -163,7 +163,7 @@ class LLMClient:
         return fields
 
     # -- HTTP generate ---------------------------------------------------------------------------
-    def generate(self, model: str, prompt: str, max_tokens: int, **options) -> Result:
+    def generate(self, model: str, prompt: str | list[int], max_tokens: int, **options) -> Result:
         """POST /v2/models/<model>/generate: one JSON answer."""
         start = time.perf_counter()
         body = self._fields(model, prompt, max_tokens, **options)
@@ -172,7 +172,7 @@ class LLMClient:
         _raise_for_http(r)
         return collect(iter([chunk_from_json(r.json())]), start)
 
-    def infer_http(self, model: str, prompt: str, max_tokens: int, **options) -> Result:
+    def infer_http(self, model: str, prompt: str | list[int], max_tokens: int, **options) -> Result:
         """POST /v2/models/<model>/infer (KServe v2 JSON): one answer, from a model that is not decoupled.
 
         Unlike /generate it carries Triton's error code as the HTTP status (503 for UNAVAILABLE): on
@@ -187,7 +187,7 @@ class LLMClient:
         _raise_for_http(r)
         return collect(iter([chunk_from_infer_json(r.json())]), start)
 
-    def generate_stream(self, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
+    def generate_stream(self, model: str, prompt: str | list[int], max_tokens: int, **options) -> Iterator[Chunk]:
         """POST /v2/models/<model>/generate_stream (server-sent events), one Chunk per event."""
         body = self._fields(model, prompt, max_tokens, **options)
         with self._http.post(f"http://{self.http_url}/v2/models/{model}/generate_stream", json=body,
@@ -215,7 +215,7 @@ class LLMClient:
         except InferenceServerException as exc:
             raise _grpc_failure(exc) from None
 
-    def stream_grpc(self, model: str, prompt: str, max_tokens: int, **options) -> Iterator[Chunk]:
+    def stream_grpc(self, model: str, prompt: str | list[int], max_tokens: int, **options) -> Iterator[Chunk]:
         """gRPC bidirectional stream (decoupled models): yield each response as it arrives."""
         inputs = grpc_inputs(self._fields(model, prompt, max_tokens, "grpc", **options),
                              self.model_config(model, "grpc"))
@@ -252,7 +252,7 @@ class LLMClient:
             # model, which then never finished unloading (docs/operations.md, "Why drain before the SIGTERM").
             self.grpc.stop_stream(cancel_requests=not ended)
 
-    def infer_grpc(self, model: str, prompt: str, max_tokens: int, **options) -> Result:
+    def infer_grpc(self, model: str, prompt: str | list[int], max_tokens: int, **options) -> Result:
         """A whole answer over gRPC: the stream API for decoupled models, infer() otherwise."""
         start = time.perf_counter()
         if self.is_decoupled(model, "grpc"):

@@ -24,7 +24,7 @@ from batchlm.backend.serving_config import ServingConfig
 class GenerateRequest:
     """One parsed, validated generation request."""
 
-    prompt: str
+    prompt: str | list[int]  # text_input, or input_ids
     params: SamplingParams
     stream: bool
 
@@ -63,8 +63,9 @@ def parse_request(request) -> GenerateRequest:
 def generate_request(fields: Mapping[str, object]) -> GenerateRequest:
     """The request of parsed fields (request_schema.parse_inputs); SamplingParams checks the ranges of
     its fields and raises InvalidArgument naming the field."""
-    sampling = {name: value for name, value in fields.items() if name not in ("text_input", "stream")}
-    return GenerateRequest(prompt=fields["text_input"], params=SamplingParams(**sampling),
+    sampling = {name: value for name, value in fields.items() if name not in ("text_input", "input_ids", "stream")}
+    prompt = fields["text_input"] if "text_input" in fields else list(fields["input_ids"])
+    return GenerateRequest(prompt=prompt, params=SamplingParams(**sampling),
                            stream=fields.get("stream", INPUTS["stream"].default))
 
 
@@ -82,12 +83,14 @@ def parse_request_level(request, generator, model_name: str) -> GenerateRequest:
 def check_fits(engine, parsed: GenerateRequest) -> list[int]:
     """`engine.check_fits(prompt, params)` on the request (an LLMEngine, or the TensorRT-LLM front): the
     prompt's token ids, or InvalidArgument naming a refused prompt as the input the client sent,
-    `text_input`. Every model checks a request's size here, so the input is named in this one place."""
+    `text_input` or `input_ids`. Every model checks a request's size here, so the input is named in this one
+    place."""
     try:
         return engine.check_fits(parsed.prompt, parsed.params)
     except InvalidArgument as exc:
         if exc.field == "prompt":
-            raise InvalidArgument("text_input", exc.message) from None
+            raise InvalidArgument("text_input" if isinstance(parsed.prompt, str) else "input_ids",
+                                  exc.message) from None
         raise
 
 

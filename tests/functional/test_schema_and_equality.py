@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
     ({"text_input": "hi", "max_tokens": 4, "stop": ["x"] * 17}, "stop: at most 16 stop strings"),
     ({"text_input": "hi", "max_tokens": 4, "timeout": -5}, "timeout: must be an integer >= 0"),
     ({"text_input": "hi", "max_tokens": 4, "timeout": "soon"}, "timeout: must be an integer >= 0"),
+    ({"text_input": "hi", "input_ids": [1, 2], "max_tokens": 4}, "input_ids: a request carries text_input or"),
+    ({"input_ids": [1, 10**6], "max_tokens": 4}, "input_ids: token ids must be integers in"),
+    ({"text_input": "hi", "max_tokens": 4, "logprobs": 21}, "logprobs: must be <= 20"),
 ])
 def test_malformed_request_names_field(server, name, body, field):
     r = requests.post(f"http://{server.http_url}/v2/models/{name}/generate", json=body, timeout=60)
@@ -221,3 +224,18 @@ def test_log_probabilities_are_the_same_everywhere(server, engine, model):
             ids = [[(t.token_id, [a for a, _ in t.top]) for t in side] for side in (got, want)]
             assert ids[0] == ids[1], i
             assert [t.logprob for t in got] == pytest.approx([t.logprob for t in want], abs=1e-5), i
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_prompt_of_token_ids_is_the_same_prompt(server, engine, model):
+    """`input_ids` in place of `text_input`, over every protocol the model serves: the text and ids the
+    text prompt gets."""
+    params = [SamplingParams(max_tokens=4 + i, ignore_eos=True) for i in range(len(PROMPTS))]
+    alone = _alone(engine, params)
+    protocols = _protocols(model)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(pool.map(lambda i: _ask(server, model, protocols[i % len(protocols)],
+                                               engine.tokenizer.encode(PROMPTS[i]), params[i].max_tokens,
+                                               ignore_eos=True), range(len(PROMPTS))))
+    assert [a if isinstance(a, Exception) else (a.text, a.token_ids) for a in answers] == \
+        [(out.text, out.token_ids) for out in alone]

@@ -62,6 +62,8 @@ def test_config_declares_the_request_schema(path):
 
 def test_the_narrow_test_model_declares_a_part_of_the_schema():
     inputs, outputs = declared(parse(NARROW_CONFIG))
+    # its prompt is text alone: it requires text_input, which the schema leaves optional next to input_ids
+    assert inputs.pop("text_input") == SCHEMA[0]["text_input"][:2] + (False,)
     assert inputs.items() <= SCHEMA[0].items() and outputs.items() <= SCHEMA[1].items()
     assert {n for n, f in INPUTS.items() if f.required} <= set(inputs)
     assert {n for n, f in OUTPUTS.items() if f.required} <= set(outputs)

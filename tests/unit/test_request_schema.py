@@ -73,6 +73,12 @@ def test_all_fields_and_batched_shapes():
     ("stream", base(stream=np.array([1], np.int32))),
     ("ignore_eos", base(ignore_eos=np.array([b"yes"], dtype=object))),
     ("bogus", base(bogus=np.array([1], np.int32))),
+    ("input_ids", base(input_ids=np.array([1, 2], np.int32))),  # both prompts
+    ("input_ids", {"input_ids": np.array([], np.int32), "max_tokens": np.array([8], np.int32)}),
+    ("input_ids", {"input_ids": np.array([1.0], np.float32), "max_tokens": np.array([8], np.int32)}),
+    ("input_ids", {"input_ids": np.ones(64 * 1024 + 1, np.int32), "max_tokens": np.array([8], np.int32)}),
+    ("logprobs", base(logprobs=np.array([21], np.int32))),
+    ("prompt_logprobs", base(prompt_logprobs=np.array([-1], np.int32))),
 ])
 def test_malformed_input_names_field(field, inputs):
     with pytest.raises(InvalidArgument) as info:
@@ -133,3 +139,13 @@ def test_importing_the_schema_loads_no_torch_and_no_triton_client():
             "print(sorted(m for m in ('torch', 'tritonclient', 'triton_python_backend_utils') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_a_prompt_of_token_ids_travels_as_input_ids():
+    fields = request_fields([1, 2, 3], 4, logprobs=2)
+    assert fields == {"input_ids": [1, 2, 3], "max_tokens": 4, "logprobs": 2}
+    arrays = {name: array for name, _, array in input_arrays(fields)}
+    assert arrays["input_ids"].dtype == np.int32
+    assert parse_inputs(arrays) == {"input_ids": (1, 2, 3), "max_tokens": 4, "logprobs": 2}
+    with pytest.raises(ValueError):
+        request_fields("hi", 4, input_ids=[1])

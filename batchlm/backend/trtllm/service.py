@@ -145,9 +145,16 @@ class TrtllmFrontService(BatchingService):
         self._record(self._metrics.record_in_flight, in_flight)
         flight.worker.start()
 
-    def check_fits(self, prompt: str, params: SamplingParams) -> list[int]:
-        """The prompt's token ids, or InvalidArgument unless prompt + max_tokens fits `max_model_len`."""
-        prompt_ids = self._tokenizer.encode(prompt)
+    def check_fits(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """The prompt's token ids, or InvalidArgument unless they are the tokenizer's and prompt + max_tokens
+        fits `max_model_len`."""
+        if isinstance(prompt, str):
+            prompt_ids = self._tokenizer.encode(prompt)
+        else:
+            prompt_ids = list(prompt)
+            vocab = self._tokenizer.vocab_size
+            if not all(0 <= t < vocab for t in prompt_ids):
+                raise InvalidArgument("prompt", f"token ids must be integers in [0, {vocab})")
         check_fits(len(prompt_ids), params.max_tokens, self._config.max_model_len)
         return prompt_ids
 
