@@ -31,6 +31,7 @@ MAX_STOP_CHARS = 256
 # The most likely alternatives a request may ask for at each token (`logprobs`, `prompt_logprobs`): the
 # top-k of a vocabulary-wide row costs the engine thread that all requests share.
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # entries of one request's logit_bias, as OpenAI allows
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,18 @@ INPUTS: dict[str, Field] = _by_name(
                                   "the text ends before the first one it contains", (), dims=(-1,)),
     Field("ignore_eos", _BOOL, False, "keep generating past EOS (benchmarks)", False),
     Field("stream", _BOOL, False, "send the text as it is made (decoupled models only)", False),
+    Field("min_tokens", _INT32, False, "generate at least this many tokens: EOS and stop strings do not end the "
+                                       "text before (<= max_tokens)", 0),
+    Field("presence_penalty", _FP32, False, "subtracted from the logit of every token the output already holds "
+                                            "(-2..2), as OpenAI's", 0.0),
+    Field("frequency_penalty", _FP32, False, "subtracted once per time the output holds the token (-2..2), as "
+                                             "OpenAI's", 0.0),
+    Field("repetition_penalty", _FP32, False, "> 0; a token of the prompt or output has its logit divided by it "
+                                              "when positive, multiplied when negative; 1 = off", 1.0),
+    Field("logit_bias_ids", _INT32, False, f"token ids whose logits logit_bias shifts (at most {MAX_LOGIT_BIAS})",
+          (), dims=(-1,)),
+    Field("logit_bias", _FP32, False, "added to the logit of each of logit_bias_ids (-100..100) before sampling",
+          (), dims=(-1,)),
     Field("logprobs", _INT32, False, "return the log-probability of each generated token and of its N most "
                                      f"likely alternatives (0 <= N <= {MAX_LOGPROBS}); absent: none", None),
     Field("prompt_logprobs", _INT32, False, "the same for every prompt token after the first (0 <= N <= "
@@ -166,8 +179,14 @@ def parse_inputs(inputs: Mapping[str, np.ndarray]) -> dict[str, object]:
     elif not fields:
         raise InvalidArgument("text_input", "is required (or the prompt's token ids, input_ids)")
 
+    if ("logit_bias" in inputs) != ("logit_bias_ids" in inputs):
+        raise InvalidArgument("logit_bias", "logit_bias and logit_bias_ids come together, one value per id")
     for name in (n for n in INPUTS if n in inputs and n not in fields):
-        if name == "stop":
+        if name == "logit_bias_ids":
+            continue
+        if name == "logit_bias":
+            fields["logit_bias"] = _logit_bias(inputs)
+        elif name == "stop":
             stops = (_text(s, "stop") for s in np.asarray(inputs["stop"]).reshape(-1))
             fields["stop"] = tuple(s for s in stops if s)
         else:
@@ -196,6 +215,18 @@ def _prompt_ids(inputs: Mapping[str, np.ndarray]) -> tuple[int, ...]:
     if flat.dtype == np.bool_ or not np.issubdtype(flat.dtype, np.integer):
         raise InvalidArgument("input_ids", f"must be integers, got {flat.dtype}")
     return tuple(int(i) for i in flat.tolist())
+
+
+def _logit_bias(inputs: Mapping[str, np.ndarray]) -> tuple[tuple[int, float], ...]:
+    """(id, bias) pairs of the two inputs; their ranges are SamplingParams' to check."""
+    ids, biases = (np.asarray(inputs[n]).reshape(-1) for n in ("logit_bias_ids", "logit_bias"))
+    if ids.size != biases.size:
+        raise InvalidArgument("logit_bias", f"one value per id of logit_bias_ids: {biases.size} for {ids.size}")
+    if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
+        raise InvalidArgument("logit_bias_ids", f"must be integers, got {ids.dtype}")
+    if biases.dtype == np.bool_ or not np.issubdtype(biases.dtype, np.number):
+        raise InvalidArgument("logit_bias", f"must be numbers, got {biases.dtype}")
+    return tuple(zip((int(i) for i in ids.tolist()), (float(b) for b in biases.tolist())))
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str):
@@ -252,6 +283,8 @@ def request_fields(prompt: str | Sequence[int], max_tokens: int, **options) -> d
     """The fields of one request, its prompt a text (`text_input`) or token ids (`input_ids`); options
     valued None are left out (so the server's default applies).
 
+    `logit_bias` is a mapping token id -> bias (sent as `logit_bias_ids` and `logit_bias`).
+
     Raises:
         ValueError: an option that is no input.
         InvalidArgument: an integer that its input's type cannot hold, naming the field.
@@ -259,9 +292,16 @@ def request_fields(prompt: str | Sequence[int], max_tokens: int, **options) -> d
     fields: dict[str, object] = ({"text_input": prompt} if isinstance(prompt, str) else {"input_ids": list(prompt)})
     fields["max_tokens"] = int(max_tokens)
     for name, value in options.items():
-        if name not in INPUTS or name in ("text_input", "input_ids"):
+        if name not in INPUTS or name in ("text_input", "input_ids", "logit_bias_ids"):
             raise ValueError(f"unknown request field {name!r}; expected one of {sorted(INPUTS)}")
-        if value is not None:
+        if value is None:
+            continue
+        if name == "logit_bias":  # a mapping token id -> bias, sent as two arrays
+            if not isinstance(value, Mapping):
+                raise ValueError(f"logit_bias must map token ids to biases, got {type(value).__name__}")
+            if value:
+                fields["logit_bias_ids"], fields[name] = [int(i) for i in value], [float(b) for b in value.values()]
+        else:
             fields[name] = list(value) if name == "stop" else value
     for name, value in fields.items():
         check_bounds(name, value, INPUTS[name].data_type)

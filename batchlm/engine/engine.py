@@ -88,6 +88,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         ids = self.encode(prompt)
+        self._check_logit_bias(params)
         detokenizer = IncrementalDetokenizer(self.tokenizer, ids)
         self.scheduler.add(Sequence(request_id, ids, params, self.tokenizer.eos_token_ids, detokenizer))
 
@@ -126,8 +127,13 @@ class LLMEngine:
             raise InvalidArgument("prompt", f"{size} bytes cannot fit the limit of {limit} tokens (a token "
                                             f"stands for at most {per_token} bytes); refused before tokenizing")
         ids = self.encode(prompt)
+        self._check_logit_bias(params)
         check_fits(len(ids), params.max_tokens, limit)
         return ids
+
+    def _check_logit_bias(self, params: SamplingParams) -> None:
+        if any(token >= self.vocab_size for token, _ in params.logit_bias):
+            raise InvalidArgument("logit_bias", f"token ids must be in [0, {self.vocab_size})")
 
     # --- the loop ---
     def step(self) -> list[RequestOutput]:

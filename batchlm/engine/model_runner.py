@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from batchlm.engine.engine_config import EngineConfig
+from batchlm.engine.logits_shaping import shape_logits
 from batchlm.engine.logprobs import token_logprobs
 from batchlm.engine.sampling import Sampler, make_generator
 from batchlm.engine.scheduler import SchedulerOutput
@@ -67,7 +68,7 @@ class ModelRunner:
                 return result
             picked = logits[sample_rows] if len(sample_rows) < logits.shape[0] else logits  # (S', vocab)
             tokens = self.sampler.sample(
-                picked, [s.params for s in seqs], [self._generator(s) for s in seqs])
+                shape_logits(picked, seqs), [s.params for s in seqs], [self._generator(s) for s in seqs])
             result.tokens.update((seq.request_id, token) for seq, token in zip(seqs, tokens))
             asking = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
             if asking:

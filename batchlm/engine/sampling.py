@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 
 from batchlm.errors import InvalidArgument
-from batchlm.request_schema import INPUTS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from batchlm.request_schema import INPUTS, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 MAX_SEED = INPUTS["seed"].data_type.bounds[1]  # the seed input's type, uint64
 
@@ -26,6 +26,11 @@ class SamplingParams:
     seed: int | None = INPUTS["seed"].default
     stop: tuple[str, ...] = INPUTS["stop"].default
     ignore_eos: bool = INPUTS["ignore_eos"].default
+    min_tokens: int = INPUTS["min_tokens"].default
+    presence_penalty: float = INPUTS["presence_penalty"].default
+    frequency_penalty: float = INPUTS["frequency_penalty"].default
+    repetition_penalty: float = INPUTS["repetition_penalty"].default
+    logit_bias: tuple[tuple[int, float], ...] = INPUTS["logit_bias"].default  # (token id, bias) pairs
     logprobs: int | None = INPUTS["logprobs"].default
     prompt_logprobs: int | None = INPUTS["prompt_logprobs"].default
 
@@ -54,6 +59,17 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidArgument("ignore_eos", f"must be a bool, got {self.ignore_eos!r}")
+        _check_int("min_tokens", self.min_tokens, 0)
+        if self.min_tokens > self.max_tokens:
+            raise InvalidArgument("min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_number(name, getattr(self, name))
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidArgument(name, f"must be in [-2, 2], got {getattr(self, name)}")
+        _check_number("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise InvalidArgument("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
@@ -64,6 +80,29 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether anything changes the logits before sampling (logit_bias, min_tokens or a penalty)."""
+        return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """(id, bias) pairs from pairs or a mapping; the ids' range is the engine's vocabulary to check."""
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    if not isinstance(pairs, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise InvalidArgument("logit_bias", f"must map token ids to biases, got {value!r}")
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise InvalidArgument("logit_bias", f"at most {MAX_LOGIT_BIAS} entries, got {len(pairs)}")
+    for token, bias in pairs:
+        _check_int("logit_bias", token, 0)
+        _check_number("logit_bias", bias)
+        if not -100.0 <= bias <= 100.0:
+            raise InvalidArgument("logit_bias", f"a bias must be in [-100, 100], got {bias}")
+    if len({token for token, _ in pairs}) != len(pairs):
+        raise InvalidArgument("logit_bias", "a token id appears twice")
+    return tuple((token, float(bias)) for token, bias in pairs)
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -83,6 +83,11 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens
 
     @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The ids that end this sequence (none under ignore_eos)."""
+        return self._eos
+
+    @property
     def is_prefill_done(self) -> bool:
         return self.num_computed_tokens >= self.num_prompt_tokens
 
@@ -123,7 +128,8 @@ class Sequence:
         if self._detokenizer is not None:
             before = len(self._text)
             self._text += self._detokenizer.add(token_id)
-            if self._cut_at_stop(before):
+            # NOTE: a stop string completed before min_tokens stays in the text and is never found again
+            if len(self.output_ids) >= self.params.min_tokens and self._cut_at_stop(before):
                 self._set_finished(FinishReason.STOP)
                 return
         if len(self.output_ids) >= self.params.max_tokens:

@@ -239,3 +239,28 @@ def test_a_prompt_of_token_ids_is_the_same_prompt(server, engine, model):
                                                ignore_eos=True), range(len(PROMPTS))))
     assert [a if isinstance(a, Exception) else (a.text, a.token_ids) for a in answers] == \
         [(out.text, out.token_ids) for out in alone]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_penalties_bias_and_min_tokens_reach_the_engine_everywhere(server, engine, model):
+    """min_tokens, the three penalties and logit_bias reach the engine through Triton: each request gets
+    what it gets alone in process, next to requests that use none. Each penalty changes the tokens that
+    its logit_bias alone gives (the bias makes token 9 repeat, the penalty holds it back), and EOS, made
+    the likeliest token, ends the text as soon as min_tokens allows."""
+    eos, bias = min(engine.tokenizer.eos_token_ids), {9: 16.0}
+    options = [dict(logit_bias=bias, repetition_penalty=1.4), dict(logit_bias={eos: 100.0}, min_tokens=3), {},
+               dict(logit_bias=bias, frequency_penalty=2.0), dict(logit_bias=bias, presence_penalty=2.0),
+               dict(logit_bias={eos: 100.0}, min_tokens=5), {}, dict(logit_bias={7: 50.0, 8: -5.0})]
+    params = [SamplingParams(max_tokens=8 + i, ignore_eos=i % 4 != 1, **o) for i, o in enumerate(options)]
+    alone = _alone(engine, params)
+    assert [len(alone[i].token_ids) for i in (1, 5)] == [4, 6]
+    biased = _alone(engine, [SamplingParams(max_tokens=params[i].max_tokens, ignore_eos=True, logit_bias=bias)
+                             for i in range(len(PROMPTS))])
+    assert all(alone[i].token_ids != biased[i].token_ids for i in (0, 3, 4))
+    protocols = _protocols(model)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(pool.map(lambda i: _ask(server, model, protocols[i % len(protocols)], PROMPTS[i],
+                                               params[i].max_tokens, ignore_eos=params[i].ignore_eos,
+                                               **options[i]), range(len(PROMPTS))))
+    assert [a if isinstance(a, Exception) else (a.token_ids, a.finish_reason) for a in answers] == \
+        [(out.token_ids, out.finish_reason.value) for out in alone]

@@ -8,18 +8,10 @@ from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
 from batchlm.engine.sequence import FinishReason
 from batchlm.errors import InvalidArgument
-from batchlm.model.checkpoint import load_model, write_default_checkpoint
-from batchlm.model.tokenizer import Tokenizer
 
 PROMPTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog and then",
            "Hello", "In a village by the river there lived an old miller who"]
 MAX_TOKENS = [12, 5, 20, 9]
-
-
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory):
-    model_dir = write_default_checkpoint(tmp_path_factory.mktemp("model"), seed=0)
-    return load_model(model_dir), Tokenizer.from_dir(model_dir)
 
 
 def make_engine(parts, **overrides) -> LLMEngine:

@@ -11,8 +11,6 @@ from batchlm.engine.sampling import SamplingParams
 from batchlm.errors import InvalidArgument
 from batchlm.request_schema import MAX_LOGPROBS
 from tests.unit.test_default_model_reference import engine_logprobs
-from batchlm.model.checkpoint import load_model, write_default_checkpoint
-from batchlm.model.tokenizer import Tokenizer
 from tests.unit.test_engine import PROMPTS, make_engine
 
 ASK = dict(logprobs=3, prompt_logprobs=2)
@@ -20,12 +18,6 @@ ASK = dict(logprobs=3, prompt_logprobs=2)
 
 def run(engine, prompts, **kw):
     return engine.generate(prompts, [SamplingParams(max_tokens=6, ignore_eos=True, **kw)] * len(prompts))
-
-
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory):
-    model_dir = write_default_checkpoint(tmp_path_factory.mktemp("model"), seed=0)
-    return load_model(model_dir), Tokenizer.from_dir(model_dir)
 
 
 @pytest.fixture(scope="module")

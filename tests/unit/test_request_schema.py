@@ -30,7 +30,7 @@ def server_parse(inputs) -> tuple[dict, SamplingParams]:
     """What the server does with a request's arrays (triton_io.generate_request): the fields, then the
     SamplingParams of its sampling fields, which checks their ranges."""
     fields = parse_inputs(inputs)
-    return fields, SamplingParams(**{k: v for k, v in fields.items() if k not in ("text_input", "stream")})
+    return fields, SamplingParams(**{k: v for k, v in fields.items() if k not in ("text_input", "input_ids", "stream")})
 
 
 def test_minimal_request():
@@ -78,6 +78,11 @@ def test_all_fields_and_batched_shapes():
     ("input_ids", {"input_ids": np.array([1.0], np.float32), "max_tokens": np.array([8], np.int32)}),
     ("input_ids", {"input_ids": np.ones(64 * 1024 + 1, np.int32), "max_tokens": np.array([8], np.int32)}),
     ("logprobs", base(logprobs=np.array([21], np.int32))),
+    ("logit_bias", base(logit_bias=np.array([1.0], np.float32))),  # no ids
+    ("logit_bias", base(logit_bias_ids=np.array([1, 2], np.int32), logit_bias=np.array([1.0], np.float32))),
+    ("logit_bias", base(logit_bias_ids=np.array([1], np.int32), logit_bias=np.array([101.0], np.float32))),
+    ("min_tokens", base(min_tokens=np.array([9], np.int32))),
+    ("repetition_penalty", base(repetition_penalty=np.array([0.0], np.float32))),
     ("prompt_logprobs", base(prompt_logprobs=np.array([-1], np.int32))),
 ])
 def test_malformed_input_names_field(field, inputs):
@@ -149,3 +154,12 @@ def test_a_prompt_of_token_ids_travels_as_input_ids():
     assert parse_inputs(arrays) == {"input_ids": (1, 2, 3), "max_tokens": 4, "logprobs": 2}
     with pytest.raises(ValueError):
         request_fields("hi", 4, input_ids=[1])
+
+
+def test_a_logit_bias_travels_as_two_arrays():
+    fields = request_fields("hi", 4, logit_bias={7: -1.5, 3: 2.0}, min_tokens=2, presence_penalty=0.5)
+    arrays = {name: array for name, _, array in input_arrays(fields)}
+    assert arrays["logit_bias_ids"].tolist() == [7, 3] and arrays["logit_bias"].dtype == np.float32
+    fields, params = server_parse(arrays)
+    assert params.logit_bias == ((7, -1.5), (3, 2.0)) and params.min_tokens == 2
+    assert params.presence_penalty == 0.5 and "logit_bias_ids" not in fields

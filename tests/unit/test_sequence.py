@@ -92,3 +92,14 @@ def test_token_ids_are_handed_out_once():
     seq.append_token(2)
     assert seq.take_new_tokens() == ([1, 2], None)
     assert seq.take_new_tokens() == ([], None)
+
+
+def test_a_stop_string_before_min_tokens_does_not_end_the_text():
+    params = SamplingParams(max_tokens=16, stop=("o",), min_tokens=4)
+    seq = Sequence("r", [5, 5, 5], params, frozenset({EOS}), FakeDetokenizer())
+    feed(seq, [1, 2, 3])  # "hello wo": two "o"s, both before the 4th token
+    assert not seq.is_finished
+    seq.append_token(6)  # "nder": the 4th token; the stop string must come after it
+    assert not seq.is_finished
+    seq.append_token(3)  # "o wo"
+    assert seq.is_finished and seq.finish_reason is FinishReason.STOP and seq.text == "hello wonder"

@@ -75,6 +75,10 @@ def check_params(params: SamplingParams) -> None:
     for name in ("logprobs", "prompt_logprobs"):
         if getattr(params, name) is not None:
             raise InvalidArgument(name, "continuous_batching_trtllm does not return log-probabilities")
+    neutral = SamplingParams(max_tokens=params.max_tokens)
+    for name in ("min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"):
+        if getattr(params, name) != getattr(neutral, name):
+            raise InvalidArgument(name, "continuous_batching_trtllm does not forward it to the engine")
 
 
 def samples_greedy(params: SamplingParams) -> bool:
