@@ -10,7 +10,8 @@ A request travels as *fields* (schema name -> Python value, absent ones left out
 
 and every response comes back as a `Chunk` (`Chunk.from_outputs`). The server applies each absent input's
 `default`; the value ranges of the sampling fields are `batchlm.engine.sampling.SamplingParams`' to check,
-with the limits declared here. Pure: numpy and batchlm.errors only (no torch, no Triton client).
+with the limits declared here. Pure: numpy, batchlm.errors and batchlm.response_schema only (no torch,
+no Triton client).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchlm.errors import InvalidArgument
+# the responses are the other half of this schema (batchlm.response_schema reads them); callers may import
+# them from here too
+from batchlm.response_schema import Chunk, MalformedResponse, TokenLogprob, logprob_outputs  # noqa: F401
 
 MAX_PROMPT_BYTES = 64 * 1024
 MAX_PROMPT_IDS = 64 * 1024  # a prompt of ids is refused above this before anything else reads it
@@ -119,6 +123,7 @@ OUTPUTS: dict[str, Field] = _by_name(
                                            "request; empty on the others"),
     Field("num_input_tokens", _INT32, False, "the prompt's tokens"),
     Field("num_output_tokens", _INT32, False, "the tokens generated so far"),
+    Field("num_cached_tokens", _INT32, False, "the prompt's tokens whose KV came from the prefix cache"),
     Field("output_ids", _INT32, False, "the ids of the tokens text_output holds", dims=(-1,)),
     Field("output_log_probs", _FP32, False, "with `logprobs`: log p of each of output_ids given all before it, "
                                             "from the model's logits before temperature, top-k and top-p", dims=(-1,)),
@@ -337,100 +342,3 @@ def input_arrays(fields: Mapping[str, object], declared: Mapping[str, str] | Non
         array = np.array(values, dtype=data_type.dtype)
         arrays.append((name, data_type.wire, array.reshape(1, -1) if batched else array))
     return arrays
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One token's log-probability given every token before it, and the most likely tokens in its place."""
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()  # (id, log p), most likely first
-
-
-def logprob_outputs(prefix: str, ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None) -> dict[str, np.ndarray]:
-    """The output arrays of `ids` and their log-probabilities, by name: `{prefix}_ids`, and with `logprobs`
-    `{prefix}_log_probs` and, where they hold alternatives, `{prefix}_top_ids` and `{prefix}_top_log_probs`
-    (prefix "output" or "prompt"; `logprobs` is one per id, or one per id but the first for a prompt)."""
-    arrays = {f"{prefix}_ids": np.array(ids, dtype=np.int32)}
-    if logprobs is None:
-        return arrays
-    arrays[f"{prefix}_log_probs"] = np.array([t.logprob for t in logprobs], dtype=np.float32)
-    if any(t.top for t in logprobs):
-        arrays[f"{prefix}_top_ids"] = np.array([i for t in logprobs for i, _ in t.top], dtype=np.int32)
-        arrays[f"{prefix}_top_log_probs"] = np.array([p for t in logprobs for _, p in t.top], dtype=np.float32)
-    return arrays
-
-
-class MalformedResponse(ValueError):
-    """A model's response lacks what every response carries (`text_output`)."""
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One response of a model: new text (a delta when streaming) and the model's counters; with the
-    request's `logprobs` and `prompt_logprobs`, the log-probabilities of its tokens."""
-
-    text: str
-    finish_reason: str | None        # "" on a response that does not end the request; None: no such output
-    num_input_tokens: int | None     # None where the model has no such output
-    num_output_tokens: int | None
-    token_ids: tuple[int, ...] | None = None           # the ids `text` holds; None where the model has no such output
-    logprobs: tuple[TokenLogprob, ...] | None = None   # one per token id, with `logprobs`
-    prompt_ids: tuple[int, ...] | None = None          # with `prompt_logprobs`, on the first response
-    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # one per prompt id but the first
-
-    @classmethod
-    def from_outputs(cls, output: Callable[[str], object]) -> Chunk:
-        """The Chunk of one response; `output(name)` gives the named output as an array (gRPC's
-        `InferResult.as_numpy`), a JSON value, scalar or nested lists (`/generate`'s body, `/infer`'s
-        `outputs`' data), or None where the response has none.
-
-        Raises:
-            MalformedResponse: the response has no `text_output`, or log-probabilities that do not match
-                their ids.
-        """
-        def first(name: str):
-            value = output(name)
-            if isinstance(value, np.ndarray):
-                value = value.reshape(-1)[:1].tolist()
-            while isinstance(value, list):
-                value = value[0] if value else None
-            return value
-
-        text, reason, num_in, num_out = (first(name) for name in
-                                         ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens"))
-        if text is None:
-            raise MalformedResponse("the response has no text_output")
-        token_ids, logprobs = _logprobs_of(output, "output", 0)
-        prompt_ids, prompt_logprobs = _logprobs_of(output, "prompt", 1)
-        return cls(text=_str(text), finish_reason=None if reason is None else _str(reason),
-                   num_input_tokens=None if num_in is None else int(num_in),
-                   num_output_tokens=None if num_out is None else int(num_out),
-                   token_ids=token_ids, logprobs=logprobs, prompt_ids=prompt_ids, prompt_logprobs=prompt_logprobs)
-
-
-def _logprobs_of(output: Callable[[str], object], prefix: str, skip: int):
-    """(ids, their TokenLogprobs) of logprob_outputs' arrays, read back; `skip` ids have no log-probability."""
-    def flat(name: str) -> list | None:
-        value = output(f"{prefix}_{name}")
-        return None if value is None else np.asarray(value).reshape(-1).tolist()
-
-    ids, logprobs, top_ids, top_logprobs = (flat(n) for n in ("ids", "log_probs", "top_ids", "top_log_probs"))
-    if ids is None:
-        return None, None
-    ids = tuple(int(i) for i in ids)
-    if logprobs is None:
-        return ids, None
-    n = len(ids) - skip if ids else 0
-    top_ids, top_logprobs = top_ids or [], top_logprobs or []
-    if len(logprobs) != n or len(top_ids) != len(top_logprobs) or (n and len(top_ids) % n) or (top_ids and not n):
-        raise MalformedResponse(f"{prefix}_log_probs does not match {prefix}_ids")
-    width = len(top_ids) // n if n else 0
-    rows = [tuple(zip((int(i) for i in top_ids[r * width:(r + 1) * width]),
-                      (float(p) for p in top_logprobs[r * width:(r + 1) * width]))) for r in range(n)]
-    return ids, tuple(TokenLogprob(ids[skip + r], float(logprobs[r]), rows[r]) for r in range(n))
-
-
-def _str(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -9,7 +9,7 @@
 OpenAI-compatible frontend; `batchlm-client` (cli.py) is the command line over both.
 """
 
-from batchlm.request_schema import Chunk
+from batchlm.response_schema import Chunk
 from batchlm_client.openai_client import OpenAIClient
 from batchlm_client.triton_llm import LLMClient, RequestFailed, Result
 

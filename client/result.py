@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from batchlm.request_schema import Chunk, TokenLogprob
+from batchlm.response_schema import Chunk, TokenLogprob
 
 
 class RequestFailed(RuntimeError):
@@ -36,6 +36,7 @@ class Result:
     logprobs: list[TokenLogprob] | None = None     # one per token id, with the request's `logprobs`
     prompt_ids: list[int] | None = None            # with `prompt_logprobs`
     prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt id but the first
+    num_cached_tokens: int | None = None           # prompt tokens whose KV came from the prefix cache
 
 
 def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
@@ -60,7 +61,7 @@ def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
                   token_ids=_joined(c.token_ids for c in seen), logprobs=_joined(c.logprobs for c in seen),
                   prompt_ids=None if prompt is None else list(prompt.prompt_ids),
                   prompt_logprobs=None if prompt is None or prompt.prompt_logprobs is None
-                  else list(prompt.prompt_logprobs))
+                  else list(prompt.prompt_logprobs), num_cached_tokens=last.num_cached_tokens)
 
 
 def _joined(parts: Iterable[tuple | None]) -> list | None:

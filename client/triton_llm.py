@@ -30,7 +30,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from batchlm.errors import InvalidArgument
-from batchlm.request_schema import Chunk, MalformedResponse, input_arrays, request_fields
+from batchlm.request_schema import input_arrays, request_fields
+from batchlm.response_schema import Chunk, MalformedResponse
 from batchlm_client.result import RequestFailed, Result, collect
 
 

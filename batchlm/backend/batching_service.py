@@ -116,6 +116,11 @@ class BatchingService:
         except Exception as exc:  # noqa: BLE001 - metrics are not worth a request
             triton_io.log_error(f"{self._name}: a metrics update failed: {exc!r}")
 
+    def _record_prefix_cache(self, stats) -> None:
+        """Publish an engine's prefix-cache totals (an EngineStats), as one metrics update."""
+        self._record(self._metrics.record_prefix_cache, stats.prefix_cache_queries, stats.prefix_cache_hits,
+                     stats.prefix_cache_evictions, stats.kv_blocks_cached)
+
     def _record_queue(self) -> None:
         """Publish the waiting and running counts and the KV pool's use, as one metrics update. Several
         threads may call this: the snapshot is taken and set under `_lock`, so a thread that took one

@@ -217,6 +217,7 @@ class ContinuousBatchingService(BatchingService):
             if active is not None:
                 self._deliver(out, active, now)
         self._record(self._metrics.record_step, stats.last_num_seqs, new_tokens)
+        self._record_prefix_cache(stats)
 
     def _queue_snapshot(self) -> tuple[int, int, int, int]:
         """Also replaces the engine's waiting count kept since the inbox was taken (see `_serve`) by

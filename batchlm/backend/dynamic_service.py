@@ -112,6 +112,7 @@ class DynamicBatchingService(BatchingService):
     def _on_step(self, num_sequences: int, new_tokens: int) -> None:
         self._faults.hit("step")  # NOTE: raised as the step returns: the batch's rows are aborted, it fails
         self._record(self._metrics.record_step, num_sequences, new_tokens)
+        self._record_prefix_cache(self._generator.engine.stats())
         self._running = num_sequences
         self._record_queue()
 

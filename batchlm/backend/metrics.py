@@ -25,6 +25,8 @@ _GAUGES = {
     "running": ("batchlm_running_requests", "Requests whose sequences are in the running batch"),
     "kv_used": ("batchlm_kv_blocks_used", "KV-cache blocks allocated to sequences"),
     "kv_total": ("batchlm_kv_blocks_total", "KV-cache blocks in the preallocated pool"),
+    "kv_cached": ("batchlm_kv_blocks_cached", "KV-cache blocks findable by their tokens (prefix caching), "
+                                              "held by requests or not"),
     "up": ("batchlm_serving_up", "1 while the instance's serving thread runs; 0 once it has stopped and every "
                                  "request fails until the model is reloaded"),
 }
@@ -35,6 +37,10 @@ _COUNTERS = {
     "generated_tokens": ("batchlm_generated_tokens_total", "Output tokens generated"),
     "ttft_sum": ("batchlm_time_to_first_token_seconds_sum", "Sum of times to first token"),
     "ttft_count": ("batchlm_time_to_first_token_seconds_count", "Requests that received a first token"),
+    "prefix_queries": ("batchlm_prefix_cache_queries_total", "Prompt tokens of admitted requests, looked up in "
+                                                             "the prefix cache"),
+    "prefix_hits": ("batchlm_prefix_cache_hits_total", "Prompt tokens whose KV came from the prefix cache"),
+    "prefix_evictions": ("batchlm_prefix_cache_evictions_total", "Cached KV blocks taken back for new tokens"),
 }
 
 
@@ -56,6 +62,7 @@ class ModelMetrics:
         self._flush_lock = threading.Lock()
         self._gauges: dict[str, float] = {}  # pending gauge values, guarded by _lock
         self._deltas: dict[str, float] = {key: 0.0 for key in _COUNTERS}  # pending counter increments
+        self._prefix_totals: dict[str, int] = {}  # the engine's prefix-cache totals at the last record
         self._pushed: dict[str, float] = {}  # gauge values the server has, to skip unchanged ones
         self._min_interval = min_interval
         self._last_flush = 0.0
@@ -85,6 +92,16 @@ class ModelMetrics:
         afterwards, outside that lock."""
         with self._lock:
             self._gauges.update(waiting=waiting, running=running, kv_used=kv_used, kv_total=kv_total)
+
+    def record_prefix_cache(self, queries: int, hits: int, evictions: int, cached_blocks: int) -> None:
+        """The engine's prefix-cache totals so far (EngineStats); the counters grow by what is new."""
+        with self._lock:
+            totals = {"prefix_queries": queries, "prefix_hits": hits, "prefix_evictions": evictions}
+            for key, total in totals.items():
+                self._deltas[key] += total - self._prefix_totals.get(key, 0)
+            self._prefix_totals = totals
+            self._gauges["kv_cached"] = cached_blocks
+        self.flush_if_due()
 
     def record_in_flight(self, requests: int) -> None:
         """For a model that runs no forward pass itself (continuous_batching_trtllm): its requests in

@@ -16,7 +16,8 @@ from batchlm.engine.request_output import RequestOutput
 from batchlm.engine.sampling import SamplingParams
 from batchlm.errors import InvalidArgument, TimedOut, Unavailable
 from batchlm.paths import served_model
-from batchlm.request_schema import INPUTS, OUTPUTS, check_parameters, logprob_outputs, parse_inputs
+from batchlm.request_schema import INPUTS, OUTPUTS, check_parameters, parse_inputs
+from batchlm.response_schema import logprob_outputs
 from batchlm.backend.serving_config import ServingConfig
 
 
@@ -122,7 +123,8 @@ def output_response(out: RequestOutput, batched: bool) -> "pb_utils.InferenceRes
     for; `batched` adds the batch dimension."""
     reason = out.finish_reason.value if out.finish_reason is not None else ""
     values = {"text_output": out.text.encode(), "finish_reason": reason.encode(),
-              "num_input_tokens": out.num_prompt_tokens, "num_output_tokens": out.num_output_tokens}
+              "num_input_tokens": out.num_prompt_tokens, "num_output_tokens": out.num_output_tokens,
+              "num_cached_tokens": out.num_cached_tokens}
     arrays = {name: np.array([value], dtype=OUTPUTS[name].data_type.dtype) for name, value in values.items()}
     arrays.update(logprob_outputs("output", out.token_ids, out.logprobs))
     if out.prompt_logprobs is not None:

@@ -168,7 +168,10 @@ class LLMEngine:
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             kv_blocks_used=self.allocator.num_used, kv_blocks_total=self.allocator.num_total,
             last_num_seqs=len(self._last.scheduled), last_num_tokens=self._last.num_batched_tokens,
-            total_generated_tokens=self._total_generated, num_preemptions=self.scheduler.num_preemptions)
+            total_generated_tokens=self._total_generated, num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=self.scheduler.prefix_cache_queries,
+            prefix_cache_hits=self.scheduler.prefix_cache_hits, kv_blocks_cached=self.allocator.num_cached,
+            prefix_cache_evictions=self.allocator.num_evictions)
 
     def generate(self, prompts: Seq[Prompt],
                  params: SamplingParams | Seq[SamplingParams] = SamplingParams(),

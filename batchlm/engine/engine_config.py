@@ -45,6 +45,8 @@ class EngineConfig:
     pad_finished_rows: bool = True        # request-level batching only: a finished row stays in the
                                           # forward pass as padding until its batch ends, as in
                                           # fixed-shape batch tensors (HF generate); False drops it
+    enable_prefix_caching: bool = True    # full KV blocks are found again by their tokens and shared,
+                                          # and kept after their request ends until the space is needed
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -62,7 +64,7 @@ class EngineConfig:
         for name in ("block_size", "num_kv_blocks", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len"):
             _require_int(name, getattr(self, name), minimum=1)
-        for name in ("enable_chunked_prefill", "pad_finished_rows", "adaptive_threads"):
+        for name in ("enable_chunked_prefill", "pad_finished_rows", "adaptive_threads", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgument(name, "must be a bool")
         if self.max_model_len > self.num_kv_blocks * self.block_size:

@@ -15,6 +15,10 @@ class EngineStats:
     last_num_tokens: int           # tokens in the last forward pass
     total_generated_tokens: int    # sampled tokens since the engine started
     num_preemptions: int           # sequences sent back to waiting under KV pressure, in total
+    prefix_cache_queries: int = 0  # prompt tokens of admitted requests, in total
+    prefix_cache_hits: int = 0     # of those, tokens whose K/V were found in the prefix cache
+    kv_blocks_cached: int = 0      # blocks findable by their tokens, held or not
+    prefix_cache_evictions: int = 0  # cached blocks taken back for new tokens, in total
 
     @property
     def kv_usage(self) -> float:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from batchlm.request_schema import TokenLogprob
+from batchlm.response_schema import TokenLogprob
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]) -> list[TokenLogprob]:

@@ -14,7 +14,7 @@ from batchlm.engine.scheduler import SchedulerOutput
 from batchlm.engine.sequence import Sequence
 from batchlm.model.forward_batch import ForwardBatch
 from batchlm.model.kv_cache import KVCache
-from batchlm.request_schema import TokenLogprob
+from batchlm.response_schema import TokenLogprob
 
 
 @dataclass(frozen=True)

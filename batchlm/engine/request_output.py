@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence as Seq
 
 from batchlm.engine.sequence import FinishReason, Sequence
-from batchlm.request_schema import TokenLogprob
+from batchlm.response_schema import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None         # one per token id, with params.logprobs
     prompt_ids: list[int] | None = None                # with prompt_logprobs, once, when all are known
     prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt id but the first
+    num_cached_tokens: int = 0                         # prompt tokens whose K/V came from the prefix cache
 
     @classmethod
     def take(cls, seq: Sequence) -> RequestOutput:
@@ -32,7 +33,7 @@ class RequestOutput:
                    finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
                    num_output_tokens=seq.num_output_tokens, logprobs=logprobs,
                    prompt_ids=None if prompt_logprobs is None else list(seq.prompt_ids),
-                   prompt_logprobs=prompt_logprobs)
+                   prompt_logprobs=prompt_logprobs, num_cached_tokens=seq.num_cached_tokens or 0)
 
     @classmethod
     def concat(cls, parts: Seq[RequestOutput]) -> RequestOutput:
@@ -46,4 +47,5 @@ class RequestOutput:
                    finish_reason=last.finish_reason, num_prompt_tokens=last.num_prompt_tokens,
                    num_output_tokens=last.num_output_tokens, logprobs=logprobs,
                    prompt_ids=None if prompt is None else prompt.prompt_ids,
-                   prompt_logprobs=None if prompt is None else prompt.prompt_logprobs)
+                   prompt_logprobs=None if prompt is None else prompt.prompt_logprobs,
+                   num_cached_tokens=last.num_cached_tokens)

@@ -15,6 +15,12 @@ Policy, per step, under a token budget of `max_num_batched_tokens`:
    `--vary parameters.admit_headroom_blocks=0,2` shows the preemptions each value causes).
 Finished and aborted sequences free their blocks at once, so a waiting one can run at the next step.
 
+Prefix caching (`enable_prefix_caching`): each block a step fills is made findable by its tokens
+(`_block_keys`); a sequence admitted later starts after its longest cached run of full blocks, which it
+holds with whoever else does (the BlockAllocator counts holders and evicts released cached blocks, least
+recently released first, only when it needs space). A preempted sequence finds its own blocks again if
+they were not evicted meanwhile.
+
 Request-level batching (RESERVE_FULL with `config.pad_finished_rows`): a finished sequence keeps its
 blocks and rides along in every later forward pass as a padding row (`SchedulerOutput.padding`) until
 no sequence of the batch is running, as fixed-shape batch tensors do; then all of them are freed.
@@ -32,7 +38,7 @@ from batchlm.engine.block_allocator import BlockAllocator
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sequence import FinishReason, Sequence, SequenceStatus
 from batchlm.errors import InvalidArgument
-from batchlm.request_schema import TokenLogprob
+from batchlm.response_schema import TokenLogprob
 
 
 class KVPolicy(enum.Enum):
@@ -85,6 +91,9 @@ class Scheduler:
         self._pad = policy is KVPolicy.RESERVE_FULL and config.pad_finished_rows
         self._unfinished: dict[str, Sequence] = {}
         self.num_preemptions = 0
+        self._caching = config.enable_prefix_caching
+        self.prefix_cache_queries = 0              # prompt tokens of admitted sequences, first admission
+        self.prefix_cache_hits = 0                 # of those, tokens whose K/V came from the cache
 
     # --- requests in and out ---
     def add(self, seq: Sequence) -> None:
@@ -136,6 +145,7 @@ class Scheduler:
             if seq.is_finished:  # aborted after schedule(): its blocks are already free
                 continue
             seq.num_computed_tokens += item.num_tokens
+            self._register_full_blocks(seq)
             if seq.request_id in prompt_logprobs:
                 seq.add_prompt_logprobs(prompt_logprobs[seq.request_id])
             if item.samples:
@@ -178,26 +188,61 @@ class Scheduler:
     def _admit_waiting(self, scheduled: list[ScheduledSequence], budget: int) -> None:
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed_tokens, budget)
-            if n < seq.num_uncomputed_tokens and not self.config.enable_chunked_prefill:
+            hit = self._cached_prefix(seq)
+            cached = len(hit) * self.config.block_size
+            uncomputed = seq.num_tokens - cached
+            n = min(uncomputed, budget)
+            if n < uncomputed and not self.config.enable_chunked_prefill:
                 break
             if self.policy is KVPolicy.RESERVE_FULL:
-                need = self._blocks_for(seq.num_prompt_tokens + seq.params.max_tokens)
+                need = self._blocks_for(seq.num_prompt_tokens + seq.params.max_tokens) - len(hit)
                 headroom = 0
             else:
-                need = self._blocks_for(n)
+                need = self._blocks_for(cached + n) - len(hit)
                 headroom = self.config.admit_headroom_blocks * len(self.running)
-            if need + headroom > self.allocator.num_free:
+            if need + headroom + self.allocator.num_evictable(hit) > self.allocator.num_free:
                 break
             self.waiting.popleft()
-            seq.block_table = self.allocator.allocate(need)
+            self.allocator.take(hit)
+            seq.block_table = hit + self.allocator.allocate(need)
+            seq.num_computed_tokens, seq.num_registered_blocks = cached, len(hit)
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = cached
+                self.prefix_cache_queries += seq.num_prompt_tokens
+                self.prefix_cache_hits += cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(_entry(seq, n))
             budget -= n
 
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks `seq` can start from: its longest run of full blocks whose K/V are cached,
+        short of its last token (a step must compute at least one token, to have logits to sample).
+        None for a request that scores its prompt: each prompt token's logits must be computed."""
+        if not self._caching or seq.params.prompt_logprobs is not None:
+            return []
+        return self.allocator.cached_prefix(self._block_keys(seq, (seq.num_tokens - 1) // self.config.block_size))
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        """Make the blocks that the step filled findable by their tokens."""
+        full = seq.num_computed_tokens // self.config.block_size
+        if not self._caching or full <= seq.num_registered_blocks:
+            return
+        keys = self._block_keys(seq, full)
+        for i in range(seq.num_registered_blocks, full):
+            self.allocator.cache(seq.block_table[i], keys[i])
+        seq.num_registered_blocks = full
+
+    def _block_keys(self, seq: Sequence, num_blocks: int) -> list[tuple]:
+        """The keys of the first `num_blocks` full blocks of `seq`: a block's key is its parent's key and
+        its own token ids, so equal keys mean equal tokens from position 0 on, and so equal K/V."""
+        keys, bs = seq.block_keys, self.config.block_size
+        for i in range(len(keys), num_blocks):
+            keys.append((keys[i - 1] if i else None, tuple(seq.token_ids(i * bs, (i + 1) * bs))))
+        return keys[:num_blocks]
+
     def _preempt(self, seq: Sequence) -> None:
-        self.allocator.free(seq.block_table)
+        self._free(seq)
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -215,14 +260,17 @@ class Scheduler:
         if self.running or not self.padding:
             return
         for seq in self.padding:
-            self.allocator.free(seq.block_table)
-            seq.block_table = []
+            self._free(seq)
         self.padding = []
 
     def _release(self, seq: Sequence) -> None:
-        self.allocator.free(seq.block_table)
-        seq.block_table = []
+        self._free(seq)
         self._unfinished.pop(seq.request_id, None)
+
+    def _free(self, seq: Sequence) -> None:
+        """Let go of the blocks of `seq`, last first: cached ones are then evicted tail first."""
+        self.allocator.free(reversed(seq.block_table))
+        seq.block_table = []
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.config.block_size)

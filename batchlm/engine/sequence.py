@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-from batchlm.request_schema import TokenLogprob
+from batchlm.response_schema import TokenLogprob
 
 if TYPE_CHECKING:  # NOTE: keeps sequence (and so the scheduler) free of torch at import time
     from batchlm.engine.sampling import SamplingParams
@@ -53,6 +53,9 @@ class Sequence:
         self.prompt_logprobs: list[TokenLogprob] = []  # prompt ids 1, 2, ... so far, with params.prompt_logprobs
         self.block_table: list[int] = []       # KV block ids, in position order
         self.num_computed_tokens = 0           # tokens whose K/V are in the cache
+        self.block_keys: list[tuple] = []      # prefix-cache key of each full block so far (the scheduler's)
+        self.num_registered_blocks = 0         # leading blocks of block_table made findable in the cache
+        self.num_cached_tokens: int | None = None  # prompt tokens found in the cache at its first admission
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.rng: Any = None                   # sampler state (a torch.Generator), owned by the runner
@@ -151,6 +154,7 @@ class Sequence:
         """Preempted: the caller freed the blocks; the KV is recomputed when it runs again."""
         self.block_table = []
         self.num_computed_tokens = 0
+        self.num_registered_blocks = 0
         self.status = SequenceStatus.WAITING
 
     def take_new_text(self) -> str:

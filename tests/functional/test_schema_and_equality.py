@@ -11,6 +11,7 @@ from batchlm.engine.engine import LLMEngine
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
 from batchlm_client.triton_llm import PROTOCOLS, STREAMING_PROTOCOLS, LLMClient, RequestFailed, collect
+from tests.functional.conftest import metric_reaches, metric_value
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,3 +265,28 @@ def test_penalties_bias_and_min_tokens_reach_the_engine_everywhere(server, engin
                                                **options[i]), range(len(PROMPTS))))
     assert [a if isinstance(a, Exception) else (a.token_ids, a.finish_reason) for a in answers] == \
         [(out.token_ids, out.finish_reason.value) for out in alone]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_repeated_prefix_comes_from_the_cache_with_the_same_answer(server, engine, model):
+    """Prefix caching is on in every model: once a batch of requests has run, a second batch whose prompts
+    share their beginning says how many prompt tokens came from the cache (every full block of the shared
+    part), gets the answers it gets alone with no cache, and the prefix-cache metrics count the hits."""
+    prefix = " ".join(PROMPTS) * 3 + f" ({model})"  # no other test sends it to this server
+    first = [f"{prefix} {p}" for p in PROMPTS]
+    second = [f"{prefix} {p} again" for p in reversed(PROMPTS)]
+    params = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=1)
+    cold = LLMEngine(ROOT / "models" / "tiny-random", EngineConfig(num_threads=1, enable_prefix_caching=False))
+    expected = [cold.generate([p], params)[0] for p in second]
+    common = len(engine.tokenizer.encode(prefix)) // 16 * 16
+    hits_before = metric_value(server, "batchlm_prefix_cache_hits_total", model) or 0
+    protocols = _protocols(model)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        for prompts in (first, second):
+            answers = list(pool.map(lambda i: _ask(server, model, protocols[i % len(protocols)], prompts[i], 6,
+                                                   ignore_eos=True, logprobs=1), range(len(PROMPTS))))
+    assert [a if isinstance(a, Exception) else a.num_cached_tokens for a in answers] == [common] * len(PROMPTS)
+    assert [(a.token_ids, [t.logprob for t in a.logprobs]) for a in answers] == \
+        [(out.token_ids, [t.logprob for t in out.logprobs]) for out in expected]
+    hits = hits_before + len(PROMPTS) * common
+    assert metric_reaches(server, "batchlm_prefix_cache_hits_total", model, hits, 5) >= hits
