@@ -112,6 +112,10 @@ INPUTS: dict[str, Field] = _by_name(
           (), dims=(-1,)),
     Field("logit_bias", _FP32, False, "added to the logit of each of logit_bias_ids (-100..100) before sampling",
           (), dims=(-1,)),
+    Field("guided_decoding_guide_type", _STRING, False, "hold the output to a guide: `json` (any JSON "
+                                                        "object), `json_schema`, `regex`, `ebnf_grammar` (GBNF) "
+                                                        "or `lark`", None),
+    Field("guided_decoding_guide", _STRING, False, "the schema, expression or grammar (not needed for `json`)", None),
     Field("logprobs", _INT32, False, "return the log-probability of each generated token and of its N most "
                                      f"likely alternatives (0 <= N <= {MAX_LOGPROBS}); absent: none", None),
     Field("prompt_logprobs", _INT32, False, "the same for every prompt token after the first (0 <= N <= "
@@ -252,6 +256,10 @@ def _text(value, name: str) -> str:
     raise InvalidArgument(name, f"must be a string, got {type(value).__name__}")
 
 
+def _string(inputs: Mapping[str, np.ndarray], name: str) -> str:
+    return _text(_scalar(inputs, name), name)
+
+
 def _int(inputs: Mapping[str, np.ndarray], name: str) -> int:
     value = _scalar(inputs, name)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
@@ -278,7 +286,7 @@ def _bool(inputs: Mapping[str, np.ndarray], name: str) -> bool:
 
 # the reader of a scalar input other than the prompt, by its config data type
 _READERS: dict[str, Callable[[Mapping[str, np.ndarray], str], object]] = {
-    "TYPE_INT32": _int, "TYPE_UINT64": _int, "TYPE_FP32": _float, "TYPE_BOOL": _bool,
+    "TYPE_INT32": _int, "TYPE_UINT64": _int, "TYPE_FP32": _float, "TYPE_BOOL": _bool, "TYPE_STRING": _string,
 }
 
 

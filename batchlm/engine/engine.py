@@ -21,6 +21,7 @@ import torch
 from batchlm.engine.block_allocator import BlockAllocator
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.engine_stats import EngineStats
+from batchlm.engine.guided_decoding import GuideCompiler
 from batchlm.engine.model_runner import ModelRunner
 from batchlm.engine.request_output import RequestOutput
 from batchlm.engine.sampling import SamplingParams
@@ -71,6 +72,7 @@ class LLMEngine:
         self.allocator = BlockAllocator(config.num_kv_blocks)
         self.scheduler = Scheduler(config, self.allocator, kv_policy)
         self.runner = ModelRunner(model, self.kv_cache, config)
+        self.guides = GuideCompiler(tokenizer.hf.to_str(), tokenizer.vocab_size, tokenizer.eos_token_ids)
         self._pending: list[RequestOutput] = []      # cancellations to report at the next step
         self._last = SchedulerOutput((), ())
         self._total_generated = 0
@@ -90,7 +92,10 @@ class LLMEngine:
         ids = self.encode(prompt)
         self._check_logit_bias(params)
         detokenizer = IncrementalDetokenizer(self.tokenizer, ids)
-        self.scheduler.add(Sequence(request_id, ids, params, self.tokenizer.eos_token_ids, detokenizer))
+        seq = Sequence(request_id, ids, params, self.tokenizer.eos_token_ids, detokenizer)
+        if params.guided_decoding_guide_type is not None:
+            seq.guide = self.guides.matcher(params.guided_decoding_guide_type, params.guided_decoding_guide)
+        self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
         """Cancel a request: its KV is freed now and a CANCELLED output comes at the next step.
@@ -129,6 +134,8 @@ class LLMEngine:
         ids = self.encode(prompt)
         self._check_logit_bias(params)
         check_fits(len(ids), params.max_tokens, limit)
+        if params.guided_decoding_guide_type is not None:
+            self.guides.grammar(params.guided_decoding_guide_type, params.guided_decoding_guide)
         return ids
 
     def _check_logit_bias(self, params: SamplingParams) -> None:

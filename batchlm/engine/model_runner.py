@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from batchlm.engine.engine_config import EngineConfig
+from batchlm.engine.guided_decoding import apply_guides
 from batchlm.engine.logits_shaping import shape_logits
 from batchlm.engine.logprobs import token_logprobs
 from batchlm.engine.sampling import Sampler, make_generator
@@ -30,7 +31,8 @@ class ModelRunner:
     """Runs one step of the model over the scheduled tokens; owns the Sampler.
 
     It reads sequences but never changes their bookkeeping (the scheduler's `update` does), except
-    for creating a seeded sequence's RNG (`seq.rng`) the first time it is sampled.
+    for creating a seeded sequence's RNG (`seq.rng`) the first time it is sampled and advancing a guided
+    sequence's matcher (`seq.guide`) by the token it samples.
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, config: EngineConfig) -> None:
@@ -67,8 +69,12 @@ class ModelRunner:
             if not seqs:
                 return result
             picked = logits[sample_rows] if len(sample_rows) < logits.shape[0] else logits  # (S', vocab)
-            tokens = self.sampler.sample(
-                shape_logits(picked, seqs), [s.params for s in seqs], [self._generator(s) for s in seqs])
+            guides = [s.guide for s in seqs]
+            tokens = self.sampler.sample(apply_guides(picked, shape_logits(picked, seqs), guides),
+                                         [s.params for s in seqs], [self._generator(s) for s in seqs])
+            for guide, token in zip(guides, tokens):
+                if guide is not None:
+                    guide.take(token)
             result.tokens.update((seq.request_id, token) for seq, token in zip(seqs, tokens))
             asking = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
             if asking:

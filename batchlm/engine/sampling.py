@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from batchlm.engine.guided_decoding import check_guide
 from batchlm.errors import InvalidArgument
 from batchlm.request_schema import INPUTS, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
@@ -31,6 +32,8 @@ class SamplingParams:
     frequency_penalty: float = INPUTS["frequency_penalty"].default
     repetition_penalty: float = INPUTS["repetition_penalty"].default
     logit_bias: tuple[tuple[int, float], ...] = INPUTS["logit_bias"].default  # (token id, bias) pairs
+    guided_decoding_guide_type: str | None = INPUTS["guided_decoding_guide_type"].default
+    guided_decoding_guide: str | None = INPUTS["guided_decoding_guide"].default
     logprobs: int | None = INPUTS["logprobs"].default
     prompt_logprobs: int | None = INPUTS["prompt_logprobs"].default
 
@@ -70,6 +73,7 @@ class SamplingParams:
         if self.repetition_penalty <= 0:
             raise InvalidArgument("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        check_guide(self.guided_decoding_guide_type, self.guided_decoding_guide)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:

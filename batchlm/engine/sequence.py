@@ -59,6 +59,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.rng: Any = None                   # sampler state (a torch.Generator), owned by the runner
+        self.guide: Any = None                 # a GuideMatcher for a guided request, advanced by the runner
         self._eos = frozenset() if params.ignore_eos else frozenset(eos_token_ids)
         self._detokenizer = detokenizer
         self._hold = max((len(s) for s in params.stop), default=1) - 1
@@ -135,7 +136,9 @@ class Sequence:
             if len(self.output_ids) >= self.params.min_tokens and self._cut_at_stop(before):
                 self._set_finished(FinishReason.STOP)
                 return
-        if len(self.output_ids) >= self.params.max_tokens:
+        if self.guide is not None and self.guide.is_done():
+            self.finish(FinishReason.STOP)
+        elif len(self.output_ids) >= self.params.max_tokens:
             self.finish(FinishReason.LENGTH)
 
     def finish(self, reason: FinishReason) -> None:

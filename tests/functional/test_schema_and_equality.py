@@ -1,6 +1,7 @@
 """One schema for all three models: malformed input is refused naming the field, the server keeps
 serving, and greedy decoding gives the same text everywhere, whatever shares the batch."""
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ({"text_input": "hi", "input_ids": [1, 2], "max_tokens": 4}, "input_ids: a request carries text_input or"),
     ({"input_ids": [1, 10**6], "max_tokens": 4}, "input_ids: token ids must be integers in"),
     ({"text_input": "hi", "max_tokens": 4, "logprobs": 21}, "logprobs: must be <= 20"),
+    ({"text_input": "hi", "max_tokens": 4, "guided_decoding_guide_type": "regex", "guided_decoding_guide": "a(b"},
+     "guided_decoding_guide: does not compile"),
 ])
 def test_malformed_request_names_field(server, name, body, field):
     r = requests.post(f"http://{server.http_url}/v2/models/{name}/generate", json=body, timeout=60)
@@ -290,3 +293,21 @@ def test_a_repeated_prefix_comes_from_the_cache_with_the_same_answer(server, eng
         [(out.token_ids, [t.logprob for t in out.logprobs]) for out in expected]
     hits = hits_before + len(PROMPTS) * common
     assert metric_reaches(server, "batchlm_prefix_cache_hits_total", model, hits, 5) >= hits
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_guided_requests_follow_their_guide_everywhere(server, engine, model):
+    """guided_decoding_guide_type and guided_decoding_guide reach the engine through Triton: a guided
+    request's text matches its regular expression, and every request, guided or not, gets what it gets
+    alone in process."""
+    guide = "(yes|no): [0-9]{2,4}"
+    options = [dict(guided_decoding_guide_type="regex", guided_decoding_guide=guide) if i % 2 == 0 else {}
+               for i in range(len(PROMPTS))]
+    params = [SamplingParams(max_tokens=16, **o) for o in options]
+    alone = _alone(engine, params)
+    protocols = _protocols(model)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(pool.map(lambda i: _ask(server, model, protocols[i % len(protocols)], PROMPTS[i], 16,
+                                               **options[i]), range(len(PROMPTS))))
+    assert [a if isinstance(a, Exception) else a.text for a in answers] == [out.text for out in alone]
+    assert all(re.fullmatch(guide, a.text) for a in answers[::2])

@@ -76,7 +76,8 @@ def check_params(params: SamplingParams) -> None:
         if getattr(params, name) is not None:
             raise InvalidArgument(name, "continuous_batching_trtllm does not return log-probabilities")
     neutral = SamplingParams(max_tokens=params.max_tokens)
-    for name in ("min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"):
+    for name in ("min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                 "guided_decoding_guide_type"):
         if getattr(params, name) != getattr(neutral, name):
             raise InvalidArgument(name, "continuous_batching_trtllm does not forward it to the engine")
 

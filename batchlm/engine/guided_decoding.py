@@ -1,0 +1,126 @@
+"""Guided decoding: a request's output held to any JSON, a JSON schema, a regular expression or a grammar,
+by a mask over the vocabulary applied inside the engine's step (llguidance), so guided and free requests
+share a batch.
+
+llguidance, not xgrammar: on this project's CPU machine both compute a step's mask in tens of
+microseconds, but llguidance compiles a JSON schema about ten times faster (no compiled-grammar cache
+needed per request), keeps special tokens out of the text it allows, and is one wheel with no
+dependencies, where xgrammar pulls in the GPU compiler `triton` (`docs/operations.md`, guided decoding,
+gives the measurement). A guide is compiled and checked where the request is validated (any thread); its
+matcher lives on the sequence and is advanced by the model runner on the engine's thread.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from batchlm.errors import InvalidArgument
+
+# the guide types a request may name (`guided_decoding_guide_type`), as TensorRT-LLM's backend names
+# them, and llguidance's name of each
+GUIDE_TYPES = {"json": "json_schema", "json_schema": "json_schema", "regex": "regex",
+               "ebnf_grammar": "grammar", "lark": "lark"}
+MAX_GUIDE_CHARS = 64 * 1024
+_ANY_JSON = '{"type": "object"}'
+
+
+def check_guide(guide_type: object, guide: object) -> None:
+    """Raise InvalidArgument naming the field for a guide that is not acceptable before compiling it."""
+    if guide_type is None:
+        if guide is not None:
+            raise InvalidArgument("guided_decoding_guide", "needs guided_decoding_guide_type")
+        return
+    if guide_type not in GUIDE_TYPES:
+        raise InvalidArgument("guided_decoding_guide_type", f"must be one of {sorted(GUIDE_TYPES)}, got {guide_type!r}")
+    if guide is None:
+        if guide_type != "json":
+            raise InvalidArgument("guided_decoding_guide", f"is required with guide type {guide_type!r}")
+        return
+    if not isinstance(guide, str) or not guide:
+        raise InvalidArgument("guided_decoding_guide", "must be a non-empty string")
+    if len(guide) > MAX_GUIDE_CHARS:
+        raise InvalidArgument("guided_decoding_guide", f"at most {MAX_GUIDE_CHARS} characters, got {len(guide)}")
+
+
+class GuideCompiler:
+    """Compiles guides for one tokenizer; thread-safe. The llguidance tokenizer (~0.6 s for a 49k vocabulary)
+    is built once, by the first guided request."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
+        self._tokenizer_json = tokenizer_json
+        self._vocab_size = vocab_size
+        self._eos = sorted(eos_token_ids)
+        self._tokenizer = None
+        self._lock = threading.Lock()
+
+    def grammar(self, guide_type: str, guide: str | None) -> str:
+        """The checked grammar of a guide; InvalidArgument naming `guided_decoding_guide` if it does not
+        compile."""
+        import llguidance
+
+        try:
+            grammar = llguidance.grammar_from(GUIDE_TYPES[guide_type], _ANY_JSON if guide is None else guide)
+        except ValueError as exc:
+            raise InvalidArgument("guided_decoding_guide", f"does not compile: {exc}") from None
+        error = llguidance.LLMatcher.validate_grammar(grammar, self._llg_tokenizer())
+        if error and not error.startswith("WARNING"):
+            raise InvalidArgument("guided_decoding_guide", f"does not compile: {error.strip()}")
+        return grammar
+
+    def matcher(self, guide_type: str, guide: str | None) -> GuideMatcher:
+        import llguidance
+
+        return GuideMatcher(llguidance.LLMatcher(self._llg_tokenizer(), self.grammar(guide_type, guide), log_level=0),
+                            self._vocab_size)
+
+    def _llg_tokenizer(self):
+        import llguidance
+
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self._vocab_size,
+                                                         eos_token=self._eos)
+            return self._tokenizer
+
+
+class GuideMatcher:
+    """One request's place in its guide: which tokens may come next, and the tokens it has taken."""
+
+    def __init__(self, matcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+
+    def allowed(self, num_logits: int) -> torch.Tensor:
+        """(num_logits,) bool: the tokens the guide allows next (ids past the tokenizer's vocabulary never)."""
+        bits = np.unpackbits(np.frombuffer(self._matcher.compute_bitmask(), np.uint8), bitorder="little")
+        allowed = np.zeros(num_logits, dtype=bool)
+        n = min(num_logits, self._vocab_size)
+        allowed[:n] = bits[:n]
+        return torch.from_numpy(allowed)
+
+    def take(self, token_id: int) -> None:
+        self._matcher.consume_token(token_id)
+
+    def is_done(self) -> bool:
+        """The guide is complete (EOS taken, or nothing may follow) or failed: the output ends here."""
+        return self._matcher.is_stopped() or self._matcher.is_error()
+
+
+def apply_guides(logits: torch.Tensor, shaped: torch.Tensor, matchers: list[GuideMatcher | None]) -> torch.Tensor:
+    """`shaped` (S, V) with every guided row's disallowed tokens at -inf. Where shaping left a guided row
+    nothing the guide allows (min_tokens holding back the EOS that alone may come), the guide wins over
+    the shaping: that row is the raw `logits` row, masked."""
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return shaped
+    shaped = shaped.clone() if shaped is logits else shaped
+    for i in rows:
+        allowed = matchers[i].allowed(shaped.shape[1]).to(shaped.device)
+        row = shaped[i].masked_fill(~allowed, float("-inf"))
+        if torch.isinf(row).all():
+            row = logits[i].masked_fill(~allowed, float("-inf"))
+        shaped[i] = row
+    return shaped
