@@ -20,6 +20,7 @@ In process (the engine alone, no server):
     invariance       a sequence's tokens do not depend on what shares its batch
     kernel-outputs   save what the kernels compute on fixed inputs, or compare two such files to the bit
     stop-cost        what stop strings cost per generated token
+    guided           what guided decoding costs a step, and the two grammar libraries side by side
     peers            the engine next to transformers, CTranslate2 and llama.cpp on one workload (`make bench-peers`)
 
 `batchlm-bench SUBCOMMAND --help` prints each one's options.
@@ -49,6 +50,7 @@ SUBCOMMANDS = {
     "invariance": "batchlm.bench.invariance",
     "kernel-outputs": "batchlm.bench.kernel_outputs",
     "stop-cost": "batchlm.bench.stop_cost",
+    "guided": "batchlm.bench.guided",
     "peers": "batchlm.bench.peers.cli",
 }
 

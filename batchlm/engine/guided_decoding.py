@@ -91,15 +91,11 @@ class GuideMatcher:
 
     def __init__(self, matcher, vocab_size: int) -> None:
         self._matcher = matcher
-        self._vocab_size = vocab_size
+        self.vocab_size = vocab_size  # the tokenizer's: ids past it are never allowed
 
-    def allowed(self, num_logits: int) -> torch.Tensor:
-        """(num_logits,) bool: the tokens the guide allows next (ids past the tokenizer's vocabulary never)."""
-        bits = np.unpackbits(np.frombuffer(self._matcher.compute_bitmask(), np.uint8), bitorder="little")
-        allowed = np.zeros(num_logits, dtype=bool)
-        n = min(num_logits, self._vocab_size)
-        allowed[:n] = bits[:n]
-        return torch.from_numpy(allowed)
+    def bitmask(self) -> bytes:
+        """One bit per token id, least significant first: whether the guide allows it next."""
+        return self._matcher.compute_bitmask()
 
     def take(self, token_id: int) -> None:
         self._matcher.consume_token(token_id)
@@ -110,17 +106,24 @@ class GuideMatcher:
 
 
 def apply_guides(logits: torch.Tensor, shaped: torch.Tensor, matchers: list[GuideMatcher | None]) -> torch.Tensor:
-    """`shaped` (S, V) with every guided row's disallowed tokens at -inf. Where shaping left a guided row
-    nothing the guide allows (min_tokens holding back the EOS that alone may come), the guide wins over
-    the shaping: that row is the raw `logits` row, masked."""
+    """`shaped` (S, V) with every guided row's disallowed tokens at -inf (one mask for all guided rows).
+    Where shaping left a guided row nothing the guide allows (min_tokens holding back the EOS that alone
+    may come), the guide wins over the shaping: that row is the raw `logits` row, masked."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return shaped
-    shaped = shaped.clone() if shaped is logits else shaped
-    for i in rows:
-        allowed = matchers[i].allowed(shaped.shape[1]).to(shaped.device)
-        row = shaped[i].masked_fill(~allowed, float("-inf"))
-        if torch.isinf(row).all():
-            row = logits[i].masked_fill(~allowed, float("-inf"))
-        shaped[i] = row
-    return shaped
+    num_logits = shaped.shape[1]
+    packed = np.frombuffer(b"".join(matchers[i].bitmask() for i in rows), np.uint8).reshape(len(rows), -1)
+    bits = np.unpackbits(packed, axis=1, bitorder="little")                          # (G, >= vocab)
+    allowed = np.zeros((len(rows), num_logits), dtype=bool)
+    n = min(num_logits, matchers[rows[0]].vocab_size)
+    allowed[:, :n] = bits[:, :n]
+    allowed_t = torch.from_numpy(allowed).to(shaped.device)                           # (G, V)
+    was_shaped = shaped is not logits
+    out = shaped if was_shaped else shaped.clone()
+    masked = out[rows].masked_fill(~allowed_t, float("-inf"))                         # (G, V)
+    if was_shaped:
+        for g in torch.isinf(masked).all(dim=1).nonzero()[:, 0].tolist():
+            masked[g] = logits[rows[g]].masked_fill(~allowed_t[g], float("-inf"))
+    out[rows] = masked
+    return out

@@ -58,3 +58,9 @@ def test_a_guide_that_cannot_be_followed_is_refused_naming_the_field(parts, kind
     with pytest.raises(InvalidArgument) as err:
         engine.check_fits("hello", guided(kind, guide))
     assert err.value.field == field
+
+
+def test_a_complete_guide_ends_the_output_even_before_min_tokens(parts):
+    engine = make_engine(parts)
+    out = engine.generate([PROMPTS[0]], guided("regex", "ab|cd", min_tokens=5))[0]
+    assert out.text in ("ab", "cd") and out.finish_reason.value == "stop"
