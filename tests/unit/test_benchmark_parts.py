@@ -362,3 +362,19 @@ def test_the_report_says_what_it_could_not_measure_instead_of_crashing():
     assert found["continuous / dynamic p50 E2E"]["measured"] is None
     assert found["continuous / dynamic output tok/s"]["measured"] == 1.0
     assert "| - | - | >= 2.34 | NO |" in targets_table([static_ratio])  # 0.9 x the bound, 2.6
+
+
+def test_the_comparison_says_whether_each_strategy_cached_prefixes():
+    from types import SimpleNamespace
+
+    from batchlm.bench.served.compare import Comparison
+
+    def doc(**params):
+        return {"model_config": {"parameters": {"model_dir": {"string_value": "models/tiny-random"},
+                                                **{k: {"string_value": v} for k, v in params.items()}}}}
+
+    docs = {"static_batching/saturation-repeat-1": doc(enable_prefix_caching="false"),
+            "dynamic_batching/saturation-repeat-1": doc(),
+            "continuous_batching/saturation-repeat-1": doc(enable_prefix_caching="true")}
+    assert Comparison._caching(SimpleNamespace(docs=docs)) == \
+        "on in continuous_batching, on in dynamic_batching, off in static_batching"

@@ -283,6 +283,14 @@ class Comparison:
         used = sorted({d.get("protocol", "grpc") for d in self.docs.values()})
         return "; ".join(names[u] for u in used)
 
+    def _caching(self) -> str:
+        """Whether each strategy's engine had prefix caching on, as its config (or the engine's default) says."""
+        states = {}
+        for role, doc in self.docs.items():
+            params = {k: v["string_value"] for k, v in doc["model_config"].get("parameters", {}).items()}
+            states.setdefault(role.split("/")[0], ServingConfig.from_parameters(params).engine.enable_prefix_caching)
+        return ", ".join(f"{'on' if on else 'off'} in {name}" for name, on in sorted(states.items()))
+
     def report(self, engine: dict) -> None:
         bound, bound_source = self.bound(engine)
         targets = comparison.targets(self.docs, REFERENCE, bound, engine)
@@ -296,7 +304,7 @@ class Comparison:
                 "Throughput at saturation is measured while requests were waiting (the server's generated-"
                 "token counter, up to the last timeline sample with a request waiting); the whole closed-"
                 "loop run, drain included, is given beside it. Client transport: "
-                f"{self._protocols()}.\n\n"
+                f"{self._protocols()}. Prefix caching: {self._caching()}.\n\n"
                 "## The seed's table, measured\n\n" + comparison.seed_table(self.docs, REFERENCE) +
                 "\n## Targets\n\n" + comparison.targets_table(targets) +
                 f"\nEngine in process (no Triton, same EngineConfig, same {len(self.requests)} requests "
