@@ -6,6 +6,8 @@ Routes: `GET /v1/models`, `GET /v1/models/{model}`, `POST /v1/completions`, `POS
 `POST /tokenize`, `POST /detokenize` (tokenize.py), `GET /health` (200 while Triton is ready, else 503)
 and `GET /metrics` (metrics.py, Prometheus' text format). Every error is OpenAI's error JSON (errors.py).
 With an API key, every route but `/health` and `/metrics` answers 401 to a request without it (auth.py).
+An answer's text and log-probabilities are shaped from the models' Chunks by logprobs.py, with each
+token's text and bytes from the checkpoint's tokenizer (token_text.py).
 
 Contracts:
 - Every request is answered: a body, a stream that ends with `[DONE]`, or an error (an error after a
@@ -35,6 +37,7 @@ from batchlm.errors import InvalidArgument
 from batchlm.frontend import errors
 from batchlm.frontend.auth import RequireApiKey
 from batchlm.frontend.errors import ApiError
+from batchlm.frontend.logprobs import ChoiceShaper, Piece
 from batchlm.frontend.metrics import FrontendMetrics, RequestTiming
 from batchlm.frontend.protocol import (
     DEFAULT_CHAT_MAX_TOKENS,
@@ -48,6 +51,7 @@ from batchlm.frontend.protocol import (
     template_messages,
 )
 from batchlm.frontend.responses import DONE, Envelope, Usage, sse
+from batchlm.frontend.token_text import TokenTexts
 from batchlm.frontend.tokenize import detokenize, load_tokenizer, tokenize
 from batchlm.frontend.triton_client import (
     SERVABLE_MODELS,
@@ -60,7 +64,7 @@ from batchlm.frontend.triton_client import (
 from batchlm.frontend.validation import validation_error
 from batchlm.model.chat_template import ChatTemplate, load_chat_template
 from batchlm.model.tokenizer import Tokenizer
-from batchlm.request_schema import Chunk
+from batchlm.response_schema import Chunk, MalformedResponse
 
 T = TypeVar("T")
 
@@ -81,6 +85,7 @@ def create_app(triton_grpc: str, models: tuple[str, ...] = SERVABLE_MODELS, time
         app.state.backend = TritonBackend(triton_grpc, models, timeout)
         app.state.templates = {}
         app.state.tokenizers = {}
+        app.state.token_texts = {}
         app.state.metrics = FrontendMetrics()
         yield
         await app.state.backend.close()
@@ -189,11 +194,18 @@ async def _rest_of_context(request: Request, info: ModelInfo, prompt: str) -> in
     return max(1, info.max_model_len - len(ids))
 
 
-def _tokenizer(request: Request, info: ModelInfo) -> Tokenizer:
+def _tokenizer(request: Request, info: ModelInfo, purpose: str = "tokenize for it") -> Tokenizer:
     tokenizers: dict[str, Tokenizer] = request.app.state.tokenizers
     if info.name not in tokenizers:
-        tokenizers[info.name] = load_tokenizer(info.name, info.model_dir)
+        tokenizers[info.name] = load_tokenizer(info.name, info.model_dir, purpose)
     return tokenizers[info.name]
+
+
+def _token_texts(request: Request, info: ModelInfo) -> TokenTexts:
+    texts: dict[str, TokenTexts] = request.app.state.token_texts
+    if info.name not in texts:
+        texts[info.name] = TokenTexts(_tokenizer(request, info, "show the text of its tokens' log-probabilities"))
+    return texts[info.name]
 
 
 def _template(request: Request, info: ModelInfo) -> ChatTemplate:
@@ -209,6 +221,7 @@ async def _generate(request: Request, info: ModelInfo, schema: SchemaRequest, ch
     fields = {**schema.fields, "stream": True} if streams else schema.fields
     inputs = infer_inputs(info, fields, schema.params)
     envelope = Envelope.new(info.name, chat)
+    shaper = ChoiceShaper(schema, chat, _token_texts(request, info) if schema.logprobs is not None else None)
 
     timing = request.app.state.metrics.request(info.name)
 
@@ -220,16 +233,17 @@ async def _generate(request: Request, info: ModelInfo, schema: SchemaRequest, ch
     if not streams:
         try:
             chunk = await _until_answered(request, backend.answer(info, inputs, envelope.id))
+            whole = None if schema.stream else _piece(shaper, chunk)
         except TritonFailure as exc:
             raise failed(exc) from None
         except BaseException:
             timing.gone()
             raise
         timing.first_text()
-        if not schema.stream:
+        if whole is not None:
             timing.done(chunk.finish_reason, chunk.num_input_tokens, chunk.num_output_tokens)
-            return JSONResponse(envelope.body(chunk.text, chunk.finish_reason, _usage(chunk)))
-        return _event_stream(_events(envelope, schema, chunk, None, failed, timing), timing)
+            return JSONResponse(envelope.body(whole.text, chunk.finish_reason, _usage(chunk, schema), whole.logprobs))
+        return _event_stream(_events(envelope, schema, shaper, chunk, None, failed, timing), timing)
     stream = backend.stream(info, inputs, envelope.id)
     try:
         first = await _until_answered(request, stream.__anext__())
@@ -239,7 +253,7 @@ async def _generate(request: Request, info: ModelInfo, schema: SchemaRequest, ch
             raise failed(exc) from None
         timing.gone()
         raise
-    return _event_stream(_events(envelope, schema, first, stream, failed, timing), timing)
+    return _event_stream(_events(envelope, schema, shaper, first, stream, failed, timing), timing)
 
 
 def _event_stream(events: AsyncIterator[str], timing: RequestTiming) -> StreamingResponse:
@@ -249,28 +263,32 @@ def _event_stream(events: AsyncIterator[str], timing: RequestTiming) -> Streamin
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _events(envelope: Envelope, schema: SchemaRequest, first: Chunk, rest: TritonStream | None,
-                  failed, timing: RequestTiming) -> AsyncIterator[str]:
-    """The server-sent events of one answer whose first Chunk is `first` (see responses.py); `timing`
-    ends with it: done, failed, or gone where the client left first."""
+async def _events(envelope: Envelope, schema: SchemaRequest, shaper: ChoiceShaper, first: Chunk,
+                  rest: TritonStream | None, failed, timing: RequestTiming) -> AsyncIterator[str]:
+    """The server-sent events of one answer whose first Chunk is `first` (see responses.py), shaped by
+    `shaper`; `timing` ends with it: done, failed, or gone where the client left first."""
     usage_field = schema.include_usage
+
+    def event(piece: Piece) -> str:
+        if piece.text:
+            timing.first_text()
+        return sse(envelope.chunk(piece.text, with_usage_field=usage_field, logprobs=piece.logprobs))
+
     last = first
     try:
         if envelope.chat:
             yield sse(envelope.chunk("", role=True, with_usage_field=usage_field))
-        if first.text:
-            timing.first_text()
-            yield sse(envelope.chunk(first.text, with_usage_field=usage_field))
+        if piece := _piece(shaper, first):
+            yield event(piece)
         if rest is not None and not rest.ended:
             async for chunk in rest:
                 last = chunk
-                if chunk.text:
-                    timing.first_text()
-                    yield sse(envelope.chunk(chunk.text, with_usage_field=usage_field))
+                if piece := _piece(shaper, chunk):
+                    yield event(piece)
         timing.done(last.finish_reason, last.num_input_tokens, last.num_output_tokens)
         yield sse(envelope.chunk(None if envelope.chat else "", last.finish_reason, with_usage_field=usage_field))
         if schema.include_usage:
-            yield sse(envelope.usage_chunk(_usage(last) or Usage(0, 0)))
+            yield sse(envelope.usage_chunk(_usage(last, schema) or Usage(0, 0)))
         yield DONE
     except TritonFailure as exc:
         yield sse(failed(exc).body())
@@ -280,10 +298,20 @@ async def _events(envelope: Envelope, schema: SchemaRequest, first: Chunk, rest:
             rest.cancel()  # NOTE: a no-op once the final response came; the client left before it otherwise
 
 
-def _usage(chunk: Chunk) -> Usage | None:
+def _piece(shaper: ChoiceShaper, chunk: Chunk) -> Piece:
+    """The Chunk's piece of the choice; TritonFailure where the model's response lacks what it needs."""
+    try:
+        return shaper.piece(chunk)
+    except MalformedResponse as exc:
+        raise TritonFailure(None, str(exc)) from None
+
+
+def _usage(chunk: Chunk, schema: SchemaRequest) -> Usage | None:
+    """The answer's usage; a token generated only because the engine makes at least one (`echo` with
+    `max_tokens: 0`) is not part of the answer, and not counted."""
     if chunk.num_input_tokens is None or chunk.num_output_tokens is None:
         return None
-    return Usage(chunk.num_input_tokens, chunk.num_output_tokens)
+    return Usage(chunk.num_input_tokens, chunk.num_output_tokens if schema.keep_output else 0)
 
 
 async def _until_answered(request: Request, work: Awaitable[T]) -> T:

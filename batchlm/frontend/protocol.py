@@ -9,20 +9,24 @@ chat what is left of the model's context after the prompt (128 where the fronten
 model's checkpoint to count the prompt). An integer its input's type cannot hold is a 400 here; ranges
 are the models' to check: their INVALID_ARG names the field, and errors.from_triton turns it into a 400
 naming the parameter.
+Log-probabilities map onto the schema's `logprobs` (completions' `logprobs`, chat's `top_logprobs`
+where `logprobs` is true; their range, 0 to MAX_LOGPROBS, is checked here) and, for a completion's
+`echo`, `prompt_logprobs`; `echo` with `max_tokens: 0` (scoring a prompt alone) asks for one token,
+which the answer leaves out (`keep_output`).
 Parameters the models cannot honour are refused with a 400 naming them, unless they hold their neutral
-value (`presence_penalty: 0`, `logprobs: null`, ...). Unknown parameters are refused.
+value (`presence_penalty: 0`, `best_of: 1`, ...). Unknown parameters are refused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from batchlm.errors import InvalidArgument
 from batchlm.frontend.errors import invalid
-from batchlm.request_schema import request_fields
+from batchlm.request_schema import MAX_LOGPROBS, request_fields
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 128
@@ -141,7 +145,7 @@ class DetokenizeRequest(_Body):
 # parameter -> the values that change nothing (None always does)
 NEUTRAL: dict[str, tuple] = {
     "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
-    "echo": (False,), "suffix": ("",), "best_of": (1,), "logprobs": (False, 0), "top_logprobs": (0,),
+    "suffix": ("",), "best_of": (1,),
     "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
     "parallel_tool_calls": (True, False),
 }
@@ -156,6 +160,9 @@ class SchemaRequest:
     params: dict[str, str] = field(default_factory=dict)
     stream: bool = False          # the caller asked for server-sent events
     include_usage: bool = False   # stream_options.include_usage
+    logprobs: int | None = None   # the alternatives asked for at each token; None: no log-probabilities
+    echo: bool = False            # a completion's `echo`: the prompt comes first in its text (and logprobs)
+    keep_output: bool = True      # False: `echo` with `max_tokens: 0`; the one token generated is left out
 
 
 def completion_request(body: CompletionRequest) -> SchemaRequest:
@@ -165,7 +172,13 @@ def completion_request(body: CompletionRequest) -> SchemaRequest:
         if len(prompt) != 1:
             raise invalid("prompt", f"one prompt per request is supported, got a list of {len(prompt)}")
         prompt = prompt[0]
-    return _schema_request(body, prompt, "prompt", body.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS)
+    logprobs = _alternatives(body.logprobs, "logprobs")
+    echo = bool(body.echo)
+    # NOTE: the engine generates at least one token; `echo` with `max_tokens: 0` scores the prompt alone
+    keep_output = not (echo and body.max_tokens == 0)
+    schema = _schema_request(body, prompt, "prompt", body.max_tokens if keep_output else 1, "max_tokens",
+                             DEFAULT_COMPLETION_MAX_TOKENS, logprobs, "logprobs", echo=echo)
+    return replace(schema, keep_output=keep_output)
 
 
 def chat_request(body: ChatCompletionRequest, prompt: str,
@@ -173,31 +186,52 @@ def chat_request(body: ChatCompletionRequest, prompt: str,
     """The schema request for a chat completion whose messages rendered to `prompt`; `default_max_tokens`
     where it names neither `max_tokens` nor `max_completion_tokens` (the caller passes what is left of the
     model's context where it knows it)."""
+    top = _alternatives(body.top_logprobs, "top_logprobs")
+    if top and not body.logprobs:
+        raise invalid("top_logprobs", f"asks for {top} alternatives per token, which needs logprobs: true")
+    logprobs = (top or 0) if body.logprobs else None
     if body.max_completion_tokens is not None:
         if body.max_tokens is not None and body.max_tokens != body.max_completion_tokens:
             raise invalid("max_completion_tokens", f"differs from max_tokens ({body.max_completion_tokens} "
                                                    f"!= {body.max_tokens}); give one of them")
         return _schema_request(body, prompt, "messages", body.max_completion_tokens, "max_completion_tokens",
-                               default_max_tokens)
-    return _schema_request(body, prompt, "messages", body.max_tokens, "max_tokens", default_max_tokens)
+                               default_max_tokens, logprobs, "top_logprobs" if top else "logprobs")
+    return _schema_request(body, prompt, "messages", body.max_tokens, "max_tokens", default_max_tokens,
+                           logprobs, "top_logprobs" if top else "logprobs")
+
+
+def _alternatives(value: int | None, param: str) -> int | None:
+    """A count of most likely alternatives per token, checked against the schema's MAX_LOGPROBS."""
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise invalid(param, f"must be between 0 and {MAX_LOGPROBS}, got {value}")
+    return value
 
 
 def _schema_request(body: _Sampling, prompt: str, prompt_param: str, max_tokens: int | None,
-                    max_tokens_param: str, default_max_tokens: int) -> SchemaRequest:
+                    max_tokens_param: str, default_max_tokens: int, logprobs: int | None = None,
+                    logprobs_param: str = "logprobs", echo: bool = False) -> SchemaRequest:
+    """The schema request; with `echo` and `logprobs`, the prompt's log-probabilities too."""
     _refuse_unsupported(body)
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options", "is allowed only with stream: true")
     params = {"text_input": prompt_param, "max_tokens": max_tokens_param}
+    prompt_logprobs = logprobs if echo else None
+    if logprobs is not None:
+        params["logprobs"] = logprobs_param
+    if prompt_logprobs is not None:
+        params["prompt_logprobs"] = logprobs_param
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     try:
         fields = request_fields(prompt, default_max_tokens if max_tokens is None else max_tokens,
                                 temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
                                 top_p=body.top_p, top_k=body.top_k,
-                                seed=body.seed, stop=stops or None, ignore_eos=body.ignore_eos)
+                                seed=body.seed, stop=stops or None, ignore_eos=body.ignore_eos,
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs)
     except InvalidArgument as exc:
         raise invalid(params.get(exc.field, exc.field), exc.message) from None
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return SchemaRequest(fields, params, stream=bool(body.stream), include_usage=include_usage)
+    return SchemaRequest(fields, params, stream=bool(body.stream), include_usage=include_usage, logprobs=logprobs,
+                         echo=echo)
 
 
 def _refuse_unsupported(body: _Sampling) -> None:

@@ -3,8 +3,10 @@
 A stream is `data: <chunk JSON>\\n\\n` events: for chat, a first chunk with `delta: {"role":
 "assistant", "content": ""}`; then one chunk per piece of text the model sent; then a chunk with no
 text and the `finish_reason`; with `stream_options.include_usage`, a chunk with `choices: []` and the
-`usage` (every other chunk then carries `usage: null`); then `data: [DONE]`. An error after the stream
-began is one event `data: {"error": {...}}`, and the stream ends there, without `[DONE]`.
+`usage` (every other chunk then carries `usage: null`); then `data: [DONE]`. With log-probabilities,
+a chunk carries those of the tokens the model sent with its text, which may be none yet (text held back
+while a character or a stop string is unfinished). An error after the stream began is one event
+`data: {"error": {...}}`, and the stream ends there, without `[DONE]`.
 """
 
 from __future__ import annotations
@@ -51,20 +53,21 @@ class Envelope:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def body(self, text: str, finish_reason: str | None, usage: Usage | None) -> dict:
-        """The whole answer (not streamed)."""
+    def body(self, text: str, finish_reason: str | None, usage: Usage | None, logprobs: dict | None = None) -> dict:
+        """The whole answer (not streamed); `logprobs`: the choice's (logprobs.py), None where none were asked."""
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}}
         else:
             choice = {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=finish_reason_of(finish_reason))
+        choice.update(logprobs=logprobs, finish_reason=finish_reason_of(finish_reason))
         return {**self._head(chunk=False), "choices": [choice],
                 "usage": usage.as_json() if usage is not None else None}
 
     def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
-              with_usage_field: bool = False) -> dict:
+              with_usage_field: bool = False, logprobs: dict | None = None) -> dict:
         """One stream chunk: `text` (None: no content), the finish reason on the last one; `role`: the
-        chat stream's first chunk; `with_usage_field`: `usage: null` (when a usage chunk will follow)."""
+        chat stream's first chunk; `with_usage_field`: `usage: null` (when a usage chunk will follow);
+        `logprobs`: those of the tokens this chunk's text holds (or will hold, where a character is unfinished)."""
         if self.chat:
             delta: dict = {"role": "assistant"} if role else {}
             if text is not None:
@@ -72,7 +75,7 @@ class Envelope:
             choice = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": text or ""}
-        choice.update(logprobs=None, finish_reason=finish_reason_of(finish_reason))
+        choice.update(logprobs=logprobs, finish_reason=finish_reason_of(finish_reason))
         body = {**self._head(chunk=True), "choices": [choice]}
         if with_usage_field:
             body["usage"] = None

@@ -18,12 +18,12 @@ from batchlm.frontend.errors import invalid
 from batchlm.model.tokenizer import Tokenizer
 
 
-def load_tokenizer(model: str, model_dir: Path | None) -> Tokenizer:
+def load_tokenizer(model: str, model_dir: Path | None, purpose: str = "tokenize for it") -> Tokenizer:
     """The tokenizer of the checkpoint at `model_dir`; ApiError 400 naming `model` where there is none
-    this process can read."""
+    this process can read (its message says what the frontend cannot do then: `purpose`)."""
     if model_dir is None:
         raise invalid("model", f"{model}'s checkpoint cannot be read where the frontend runs, so it cannot "
-                               "tokenize for it")
+                               f"{purpose}")
     return Tokenizer.from_dir(model_dir)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -20,10 +21,12 @@ from pathlib import Path
 import openai
 import pytest
 import requests
+from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
 from batchlm.model.chat_template import load_chat_template
 from batchlm.launcher.frontend_process import FrontendProcess
 from batchlm.launcher.ports import free_port
+from batchlm.model.tokenizer import Tokenizer
 from batchlm.paths import TINY_MODEL_DIR, PROJECT_ROOT
 from batchlm_client.triton_llm import LLMClient
 from tests.functional.conftest import is_alive, metric_reaches, metric_value, repository_api
@@ -171,7 +174,8 @@ def test_stream_events_have_openais_shape(frontend):
     ("completions", {"prompt": "hi", "max_tokens": "8"}, 400, "max_tokens"),
     ("completions", {"prompt": "hi", "stop": ["x"] * 17}, 400, "stop"),
     ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
-    ("completions", {"prompt": "hi", "logprobs": 3}, 400, "logprobs"),
+    ("completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs"),
 ])
 def test_bad_input_is_a_400_naming_the_parameter(frontend, path, body, status, param):
     r = requests.post(f"{frontend}/v1/{path}", json={"model": "continuous_batching", **body}, timeout=60)
@@ -363,6 +367,70 @@ def test_the_frontend_counts_its_requests_at_its_own_metrics(frontend, sdk):
     assert grew("batchlm:generation_tokens_total") == sum(u.completion_tokens for u in usage) == 7
     assert grew("batchlm:prompt_tokens_total") == sum(u.prompt_tokens for u in usage) > 0
     assert after[("batchlm:num_requests_running", label)] == 0
+
+
+# the tiny checkpoint's special tokens: the models' text leaves them out, the log-probabilities show them
+SPECIALS = {t.content for t in Tokenizer.from_dir(TINY_MODEL_DIR).hf.get_added_tokens_decoder().values() if t.special}
+
+
+def _check_logprobs(values: list[float]) -> None:
+    assert all(math.isfinite(v) and v <= 0 for v in values), values
+    assert math.isfinite(sum(values))
+
+
+def test_chat_logprobs_parse_into_the_sdks_types_streamed_or_not(sdk, triton):
+    """Greedy: each token is the most likely, so its log-probability is the top alternative's; the tokens'
+    bytes make the answer's text."""
+    prompt = "Once upon a time"
+    ask = {"model": "continuous_batching", "messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS,
+           "logprobs": True, "top_logprobs": 3, **GREEDY}
+    choice = sdk.chat.completions.create(**ask).choices[0]
+    content = choice.logprobs.content
+    assert choice.message.content == _reference(triton, _chat_prompt(prompt)).text
+    assert len(content) == TOKENS and all(isinstance(t, ChatCompletionTokenLogprob) for t in content)
+    for token in content:
+        top = token.top_logprobs
+        assert len(top) == 3 and [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
+        assert (token.token, token.logprob) == (top[0].token, top[0].logprob)
+        _check_logprobs([token.logprob, *(t.logprob for t in top)])
+    said = b"".join(bytes(t.bytes) for t in content if t.token not in SPECIALS)
+    assert said.decode("utf-8", errors="replace") == choice.message.content
+    streamed = [c.choices[0].logprobs for c in sdk.chat.completions.create(**ask, stream=True) if c.choices]
+    assert [t for lp in streamed if lp is not None for t in lp.content] == content
+
+
+@pytest.mark.parametrize("model", ["continuous_batching", "dynamic_batching"])
+def test_completion_echo_logprobs_hold_the_prompts_tokens_then_the_answers(sdk, triton, model):
+    prompt = "Once upon a time"
+    answer = sdk.completions.create(model=model, prompt=prompt, max_tokens=TOKENS, logprobs=1, echo=True, **GREEDY)
+    choice, reference = answer.choices[0], _reference(triton, prompt)
+    logprobs, text = choice.logprobs, choice.text
+    assert text == prompt + reference.text
+    assert len(logprobs.tokens) == reference.num_input_tokens + TOKENS == answer.usage.total_tokens
+    assert logprobs.tokens[0] == "<s>" and logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert "".join(logprobs.tokens[1:reference.num_input_tokens]) == prompt
+    ends = [*logprobs.text_offset[1:], len(text)]
+    for token, start, end in zip(logprobs.tokens, logprobs.text_offset, ends):
+        if token not in SPECIALS and "\ufffd" not in token:
+            assert text[start:end] == token, (token, start, end)
+    _check_logprobs(logprobs.token_logprobs[1:])
+    for logprob, top in zip(logprobs.token_logprobs[1:], logprobs.top_logprobs[1:]):
+        assert logprob <= next(iter(top.values())) == max(top.values()) and len(top) <= 2  # the most likely first
+    for token, logprob, top in zip(*(lp[reference.num_input_tokens:] for lp in (
+            logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs))):
+        assert top == {token: logprob}   # greedy: the chosen token is the most likely
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(sdk):
+    prompt = "Once upon a time"
+    scored = sdk.completions.create(model="continuous_batching", prompt=prompt, max_tokens=0, logprobs=0, echo=True,
+                                    temperature=0.0)
+    logprobs = scored.choices[0].logprobs
+    assert scored.choices[0].text == prompt and scored.usage.completion_tokens == 0
+    assert len(logprobs.tokens) == scored.usage.prompt_tokens and logprobs.top_logprobs[0] is None
+    assert all(top == {token: lp} for token, lp, top in zip(logprobs.tokens[1:], logprobs.token_logprobs[1:],
+                                                           logprobs.top_logprobs[1:]))
+    _check_logprobs(logprobs.token_logprobs[1:])
 
 
 def test_tokenize_counts_what_the_engine_counts_and_detokenize_inverts_it(frontend, sdk, triton):

@@ -81,7 +81,7 @@ def test_max_completion_tokens_is_chats_max_tokens_and_errors_name_it():
     ({"max_tokens": 2**31}, "max_tokens"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),   # without stream: true
     ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
     ({"best_of": 3}, "best_of"),
 ])
 def test_what_the_models_cannot_do_is_a_400_naming_the_parameter(body, param):
@@ -94,7 +94,8 @@ def test_what_the_models_cannot_do_is_a_400_naming_the_parameter(body, param):
 def test_neutral_values_of_unsupported_parameters_are_accepted():
     completion_request(completion(n=1, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, echo=False,
                                   best_of=1, logprobs=None, user="someone"))
-    chat_request(chat(logprobs=False, response_format={"type": "text"}, tools=[], tool_choice="none"), "P")
+    chat_request(chat(logprobs=False, top_logprobs=0, response_format={"type": "text"}, tools=[],
+                      tool_choice="none"), "P")
 
 
 @pytest.mark.parametrize("body, param, reason", [
