@@ -31,7 +31,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
-from batchlm.frontend.protocol import SchemaRequest
+from batchlm.frontend.schema_request import SchemaRequest
 from batchlm.frontend.token_text import TokenTexts
 from batchlm.response_schema import Chunk, MalformedResponse, TokenLogprob
 
@@ -59,11 +59,16 @@ class ChoiceShaper:
     """Shapes one request's Chunks, in order, into its choice's pieces: `echo`'s prompt first,
     `keep_output=False`'s generated token left out, and text offsets that run on across pieces."""
 
-    def __init__(self, schema: SchemaRequest, chat: bool, texts: TokenTexts | None) -> None:
+    def __init__(self, schema: SchemaRequest, chat: bool, texts: TokenTexts | None,
+                 echo_text: str | None = None) -> None:
+        """`echo_text`: what `echo` puts first, the prompt as sent or the text of its token ids (default:
+        the first choice's text prompt)."""
         if schema.logprobs is not None and texts is None:
             raise ValueError("log-probabilities need the model's TokenTexts")
         self._alternatives = schema.logprobs
-        self._prompt = str(schema.fields["text_input"]) if schema.echo else None
+        if schema.echo and echo_text is None:
+            echo_text = str(schema.fields["text_input"])
+        self._prompt = echo_text if schema.echo else None
         self._keep_output = schema.keep_output
         self._chat = chat
         self._texts = texts

@@ -11,6 +11,7 @@ prefix (`vllm:time_to_first_token_seconds` is `batchlm:time_to_first_token_secon
     batchlm:e2e_request_latency_seconds              arrival to the answer's end
     batchlm:time_to_first_token_seconds              arrival to the first text
     batchlm:time_per_output_token_seconds            (end - first text) / (output tokens - 1), per request
+                                                     (its longest choice's tokens, with several choices)
     batchlm:prompt_tokens_total, batchlm:generation_tokens_total
 
 A request whose client left before its answer counts in none of them but `num_requests_running` while it ran.
@@ -74,7 +75,10 @@ class RequestTiming:
         if self.first is None:
             self.first = time.monotonic()
 
-    def done(self, finish_reason: str | None, prompt_tokens: int | None, output_tokens: int | None) -> None:
+    def done(self, finish_reason: str | None, prompt_tokens: int | None, output_tokens: int | None,
+             longest_choice: int | None = None) -> None:
+        """The answer ended: `output_tokens` of all its choices, the most of them in one choice
+        `longest_choice` (None: one choice), whose tokens came one after another."""
         if not self._end():
             return
         m, model, end = self.metrics, self.model, time.monotonic()
@@ -82,8 +86,9 @@ class RequestTiming:
         m.success.labels(model, finish_reason or "none").inc()
         m.e2e.labels(model).observe(end - self.start)
         m.ttft.labels(model).observe(first - self.start)
-        if output_tokens is not None and output_tokens > 1:
-            m.tpot.labels(model).observe((end - first) / (output_tokens - 1))
+        sequential = output_tokens if longest_choice is None else longest_choice
+        if sequential is not None and sequential > 1:
+            m.tpot.labels(model).observe((end - first) / (sequential - 1))
         m.prompt_tokens.labels(model).inc(prompt_tokens or 0)
         m.generation_tokens.labels(model).inc(output_tokens or 0)
 

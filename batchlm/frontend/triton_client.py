@@ -114,7 +114,8 @@ def joined(chunks: list[Chunk]) -> Chunk:
     return Chunk("".join(c.text for c in chunks), last.finish_reason, last.num_input_tokens, last.num_output_tokens,
                  token_ids=run([c.token_ids for c in chunks]),
                  logprobs=None if unscored else run([c.logprobs for c in chunks]),
-                 prompt_ids=prompt.prompt_ids, prompt_logprobs=prompt.prompt_logprobs)
+                 prompt_ids=prompt.prompt_ids, prompt_logprobs=prompt.prompt_logprobs,
+                 num_cached_tokens=last.num_cached_tokens)
 
 
 class TritonStream:

@@ -169,7 +169,8 @@ def test_stream_events_have_openais_shape(frontend):
     ("completions", {"prompt": "", "max_tokens": 4}, 400, "prompt"),                        # text_input -> prompt
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000},
      400, "max_completion_tokens"),
-    ("completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("completions", {"prompt": "hi", "n": 9}, 400, "n"),
+    ("completions", {"prompt": [[1, 10**6]], "max_tokens": 1}, 400, "prompt"),          # input_ids -> prompt
     ("completions", {"prompt": "hi", "temprature": 0.5}, 400, "temprature"),
     ("completions", {"prompt": "hi", "max_tokens": "8"}, 400, "max_tokens"),
     ("completions", {"prompt": "hi", "stop": ["x"] * 17}, 400, "stop"),
@@ -190,8 +191,8 @@ def test_the_sdk_sees_unknown_models_as_404_and_refusals_as_400(sdk):
         sdk.completions.create(model="gpt-4", prompt="hi", max_tokens=4)
     with pytest.raises(openai.NotFoundError, match="unknown model"):  # servable, but not on this server
         sdk.completions.create(model="continuous_batching_trtllm", prompt="hi", max_tokens=4)
-    with pytest.raises(openai.BadRequestError, match="only n=1"):
-        sdk.chat.completions.create(model="dynamic_batching", n=2, max_tokens=4,
+    with pytest.raises(openai.BadRequestError, match="must be between 1 and 8"):
+        sdk.chat.completions.create(model="dynamic_batching", n=9, max_tokens=4,
                                     messages=[{"role": "user", "content": "hi"}])
 
 
@@ -448,6 +449,34 @@ def test_tokenize_counts_what_the_engine_counts_and_detokenize_inverts_it(fronte
     assert back.status_code == 200 and back.json() == {"prompt": text}
     refused = requests.post(f"{frontend}/detokenize", json={"model": model, "tokens": [-1]}, timeout=30)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"
+
+
+def test_lm_evaluation_harness_remote_tokenizer_reads_the_frontend(frontend):
+    """What `tokenizer_backend=remote` asks, with no model named: /tokenizer_info, /tokenize, /detokenize."""
+    utils = pytest.importorskip("lm_eval.utils")
+    base = f"{frontend}/v1/completions"
+    assert utils.check_remote_tokenizer_support(base)
+    tokenizer = utils.RemoteTokenizer(base)
+    text = "Tokens, counted twice"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    bos = Tokenizer.from_dir(TINY_MODEL_DIR).bos_token_id
+    assert (tokenizer.eos_token, tokenizer.bos_token, tokenizer.bos_token_id) == ("</s>", "<s>", bos)
+    assert "add_generation_prompt" in tokenizer.tokenizer_info["chat_template"]
+
+
+def test_token_prompts_answer_as_their_text_and_a_list_answers_each_in_order(frontend, sdk, triton):
+    model, texts = "continuous_batching", ["Once upon a time", "The cat sat on"]
+    ids = [requests.post(f"{frontend}/tokenize", json={"prompt": t}, timeout=30).json()["tokens"] for t in texts]
+    answer = sdk.completions.create(model=model, prompt=ids, max_tokens=TOKENS, **GREEDY)
+    assert [c.index for c in answer.choices] == [0, 1]
+    assert [c.text for c in answer.choices] == [_reference(triton, t).text for t in texts]
+    assert answer.usage.prompt_tokens == sum(map(len, ids)) and answer.usage.completion_tokens == 2 * TOKENS
+    # lm-evaluation-harness' scoring of token prompts: the echoed text is the prompt's
+    scored = sdk.completions.create(model=model, prompt=[ids[0]], max_tokens=1, echo=True, logprobs=1, temperature=0)
+    logprobs = scored.choices[0].logprobs
+    assert scored.choices[0].text.startswith(texts[0]) and len(logprobs.token_logprobs) == len(ids[0]) + 1
+    texts_answer = sdk.completions.create(model=model, prompt=texts, max_tokens=TOKENS, **GREEDY)
+    assert [c.text for c in texts_answer.choices] == [c.text for c in answer.choices]
 
 
 def test_a_chat_without_max_tokens_runs_to_the_end_of_the_context(frontend, sdk):

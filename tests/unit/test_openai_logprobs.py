@@ -4,27 +4,25 @@ with the tiny checkpoint's tokenizer giving each token's text and bytes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-import numpy as np
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
-from batchlm.frontend.app import create_app
 from batchlm.frontend.errors import ApiError
 from batchlm.frontend.logprobs import ChoiceShaper
-from batchlm.frontend.protocol import ChatCompletionRequest, CompletionRequest, chat_request, completion_request
-from batchlm.frontend.responses import Envelope, Usage
+from batchlm.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from batchlm.frontend.responses import Choice, Envelope, Usage
+from batchlm.frontend.schema_request import chat_request, completion_request
 from batchlm.frontend.token_text import TokenTexts
 from batchlm.frontend.tokenize import load_tokenizer
-from batchlm.frontend.triton_client import ModelInfo, joined
+from batchlm.frontend.triton_client import joined
 from batchlm.frontend.validation import validation_error
 from batchlm.paths import TINY_MODEL_DIR
-from batchlm.request_schema import INPUTS
 from batchlm.response_schema import Chunk, MalformedResponse, TokenLogprob
+from tests.unit.openai_app import FakeBackend, events, post
 
 # The tiny checkpoint's ids: BOS, "H" "ell" "o" (the prompt "Hello"), " world", and " 日本" as byte-level
 # BPE splits it: b" \xe6", b"\x97\xa5\xe6", b"\x9c", b"\xac" (each character's bytes over two tokens)
@@ -102,8 +100,8 @@ def test_a_count_of_alternatives_out_of_range_or_without_logprobs_is_a_400_namin
     assert refused.value.message.startswith(f"{param}: ")
 
 
-@pytest.mark.parametrize("body, param", [({"logprobs": True}, "logprobs"), ({"prompt": [1, 2, 3]}, "prompt")])
-def test_a_boolean_logprobs_or_a_prompt_of_ids_is_refused_by_the_completions_body(body, param):
+@pytest.mark.parametrize("body, param", [({"logprobs": True}, "logprobs"), ({"prompt": [1, "a"]}, "prompt")])
+def test_a_boolean_logprobs_or_a_prompt_of_ids_and_text_is_refused_by_the_completions_body(body, param):
     with pytest.raises(ValidationError) as refused:
         completion(**body)
     assert validation_error(refused.value.errors(include_url=False)).param == param
@@ -126,7 +124,7 @@ def test_a_completions_logprobs_hold_the_top_n_and_the_chosen_token_with_text_of
     assert list(logprobs["top_logprobs"][1].items()) == [(" world", -0.5), ("o", -1.5), (" \ufffd", -3.0)]
     # a token that starts a character shares its offset with the one that finishes it
     assert logprobs["text_offset"] == [0, 6, 7, 8, 8]
-    body = Envelope("cmpl-1", False, 5, "m").body(piece.text, "length", Usage(4, 5), logprobs)
+    body = Envelope("cmpl-1", False, 5, "m").body([Choice(piece.text, "length", logprobs)], Usage(4, 5))
     assert Completion.model_validate(body).choices[0].logprobs.tokens == logprobs["tokens"]
 
 
@@ -136,7 +134,7 @@ def test_logprobs_0_shows_the_chosen_token_alone_and_no_logprobs_shows_null(text
     assert zero["top_logprobs"] == [{" world": -0.75}]
     none = ChoiceShaper(completion_request(completion()), False, None).piece(answer)
     assert none.logprobs is None and none.text == " world"
-    assert Envelope("c", False, 5, "m").body(none.text, "length", None)["choices"][0]["logprobs"] is None
+    assert Envelope("c", False, 5, "m").body([Choice(none.text, "length")], None)["choices"][0]["logprobs"] is None
 
 
 def test_echo_puts_the_prompt_first_its_first_token_unscored(texts):
@@ -193,7 +191,7 @@ def test_chat_logprobs_carry_exact_bytes_and_the_top_alternatives(texts):
         {"token": " world", "logprob": -1.0, "bytes": list(b" world")}]}
     assert content[1]["logprob"] == -9999.0 and content[1]["bytes"] == [0x97, 0xA5, 0xE6]
     assert bytes(content[0]["bytes"] + content[1]["bytes"][:2]).decode() == " 日"
-    body = Envelope("chatcmpl-1", True, 5, "m").body(piece.text, "length", Usage(4, 2), piece.logprobs)
+    body = Envelope("chatcmpl-1", True, 5, "m").body([Choice(piece.text, "length", piece.logprobs)], Usage(4, 2))
     json.dumps(body, allow_nan=False)
     parsed = ChatCompletion.model_validate(body).choices[0].logprobs.content
     assert [t.top_logprobs[1].token for t in parsed] == [" world", "H"]
@@ -234,87 +232,8 @@ def test_a_decoupled_models_chunks_join_into_one_answer():
 
 # -- through the app, with a stand-in for Triton -----------------------------------------------------
 
-class _Stream:
-    def __init__(self, chunks: list[Chunk]) -> None:
-        self._chunks, self.ended = list(chunks), False
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> Chunk:
-        if not self._chunks:
-            raise StopAsyncIteration
-        answer = self._chunks.pop(0)
-        self.ended = bool(answer.finish_reason)
-        return answer
-
-    def cancel(self) -> None:
-        pass
-
-
-class _Backend:
-    """Triton as the app sees it: continuous_batching streams its Chunks, dynamic_batching answers at once."""
-
-    models = ("continuous_batching", "dynamic_batching")
-
-    def __init__(self, chunks: list[Chunk]) -> None:
-        self.chunks, self.sent = chunks, []
-
-    async def info(self, model: str) -> ModelInfo:
-        return ModelInfo(model, decoupled=model == "continuous_batching", batched=False, model_dir=TINY_MODEL_DIR,
-                         inputs={n: f.data_type.config for n, f in INPUTS.items()})
-
-    async def answer(self, info, inputs, request_id) -> Chunk:
-        self.sent.append(inputs)
-        return joined(self.chunks) if info.decoupled else self.chunks[0]
-
-    def stream(self, info, inputs, request_id) -> _Stream:
-        self.sent.append(inputs)
-        return _Stream(self.chunks)
-
-    async def close(self) -> None:
-        pass
-
-
-def _post(backend: _Backend, path: str, body: dict) -> tuple[int, bytes]:
-    """One request to the app over ASGI, Triton replaced by `backend`: (status, body)."""
-    app = create_app("127.0.0.1:1")
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1), "server": ("t", 80)}
-    incoming = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
-    status, parts = [], []
-
-    async def receive():
-        if incoming:
-            return incoming.pop(0)
-        await asyncio.Event().wait()  # the client stays until its answer ends
-
-    async def send(message):
-        if message["type"] == "http.response.start":
-            status.append(message["status"])
-        elif message["type"] == "http.response.body":
-            parts.append(message.get("body", b""))
-
-    async def run():
-        async with app.router.lifespan_context(app):
-            await app.state.backend.close()
-            app.state.backend = backend
-            await app(scope, receive, send)
-
-    asyncio.run(run())
-    return status[0], b"".join(parts)
-
-
-def _sent(backend: _Backend) -> dict[str, int]:
-    return {t.name(): int(np.frombuffer(t._get_content(), np.int32)[0]) for t in backend.sent[-1]
-            if t.datatype() == "INT32"}
-
-
-def _events(content: bytes) -> list[dict]:
-    lines = [line for line in content.decode().split("\n\n") if line]
-    assert lines[-1] == "data: [DONE]"
-    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+def _sent(backend: FakeBackend) -> dict[str, int]:
+    return {name: value for name, value in backend.sent[-1].items() if isinstance(value, int)}
 
 
 SCORING = [chunk(" world", (WORLD,), finish="length", prompt_ids=PROMPT_IDS, prompt_logprobs=PROMPT_SCORES)]
@@ -323,19 +242,19 @@ SCORING = [chunk(" world", (WORLD,), finish="length", prompt_ids=PROMPT_IDS, pro
 @pytest.mark.parametrize("model", ["continuous_batching", "dynamic_batching"])
 def test_lm_evaluation_harness_scoring_request_is_answered_as_it_reads_it(model):
     """local-completions' loglikelihood payload: echo, logprobs 1, max_tokens 1, temperature 0."""
-    backend = _Backend(SCORING)
-    status, content = _post(backend, "/v1/completions", {"model": model, "prompt": PROMPT, "temperature": 0,
+    backend = FakeBackend(SCORING)
+    status, content = post(backend, "/v1/completions", {"model": model, "prompt": PROMPT, "temperature": 0,
                                                          "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True})
     assert status == 200, content
-    assert _sent(backend) == {"max_tokens": 1, "logprobs": 1, "prompt_logprobs": 1}
+    assert _sent(backend) == {"max_tokens": 1, "logprobs": 1, "prompt_logprobs": 1, "seed": 1234}
     choice = json.loads(content)["choices"][0]
     assert choice["text"] == "Hello world" and choice["logprobs"]["token_logprobs"][0] is None
     assert sum(choice["logprobs"]["token_logprobs"][2:-1]) == -2.75
 
 
 def test_echo_with_max_tokens_0_counts_no_completion_token():
-    backend = _Backend(SCORING)
-    status, content = _post(backend, "/v1/completions", {"model": "continuous_batching", "prompt": PROMPT,
+    backend = FakeBackend(SCORING)
+    status, content = post(backend, "/v1/completions", {"model": "continuous_batching", "prompt": PROMPT,
                                                          "max_tokens": 0, "logprobs": 0, "echo": True})
     answer = json.loads(content)
     assert status == 200 and answer["choices"][0]["text"] == PROMPT and _sent(backend)["max_tokens"] == 1
@@ -343,20 +262,20 @@ def test_echo_with_max_tokens_0_counts_no_completion_token():
 
 
 def test_a_streamed_chat_carries_each_tokens_logprobs_also_without_text():
-    backend = _Backend([chunk(" ", JA[:1]), chunk("", JA[1:2]), chunk("日", (), logprobs=()),
+    backend = FakeBackend([chunk(" ", JA[:1]), chunk("", JA[1:2]), chunk("日", (), logprobs=()),
                         chunk("", (), logprobs=(), finish="length")])
-    status, content = _post(backend, "/v1/chat/completions", {
+    status, content = post(backend, "/v1/chat/completions", {
         "model": "continuous_batching", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
         "logprobs": True, "top_logprobs": 1, "stream": True})
     assert status == 200 and _sent(backend)["logprobs"] == 1
-    chunks = [ChatCompletionChunk.model_validate(e).choices[0] for e in _events(content)]
+    chunks = [ChatCompletionChunk.model_validate(e).choices[0] for e in events(content)]
     assert [(c.delta.content, c.logprobs and len(c.logprobs.content)) for c in chunks] == [
         ("", None), (" ", 1), ("", 1), ("日", 0), (None, None)]
     assert chunks[-1].finish_reason == "length"
 
 
 def test_a_model_that_sends_tokens_without_logprobs_is_a_500():
-    backend = _Backend([Chunk(" world", "length", 4, 1, token_ids=(WORLD,))])
-    status, content = _post(backend, "/v1/completions", {"model": "dynamic_batching", "prompt": PROMPT,
+    backend = FakeBackend([Chunk(" world", "length", 4, 1, token_ids=(WORLD,))])
+    status, content = post(backend, "/v1/completions", {"model": "dynamic_batching", "prompt": PROMPT,
                                                          "logprobs": 2})
     assert status == 500 and "output_log_probs" in json.loads(content)["error"]["message"]

@@ -17,17 +17,14 @@ from batchlm.paths import MODEL_ENV, TINY_MODEL_DIR
 from batchlm.errors import InvalidArgument
 from batchlm.frontend.errors import ApiError
 from batchlm.launcher.frontend_process import FrontendProcess
-from batchlm.frontend.protocol import (
+from batchlm.frontend.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, template_messages
+from batchlm.frontend.responses import DONE, Choice, Envelope, Usage, finish_reason_of, sse
+from batchlm.frontend.schema_request import (
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_COMPLETION_MAX_TOKENS,
-    ChatCompletionRequest,
-    CompletionRequest,
-    TokenizeRequest,
     chat_request,
     completion_request,
-    template_messages,
 )
-from batchlm.frontend.responses import DONE, Envelope, Usage, finish_reason_of, sse
 from batchlm.frontend.tokenize import detokenize, load_tokenizer, tokenize
 from batchlm.frontend.triton_client import ModelInfo, infer_inputs
 from batchlm.frontend.validation import param_of, validation_error
@@ -51,7 +48,8 @@ def test_openai_parameters_map_one_to_one_onto_the_schema():
                                             stream_options={"include_usage": True}))
     assert request.fields == {"text_input": "hi", "max_tokens": 8, "temperature": 0.5, "top_p": 0.9, "seed": 7,
                               "stop": ["END"], "top_k": 40, "ignore_eos": True}
-    assert request.params == {"text_input": "prompt", "max_tokens": "max_tokens"}
+    assert request.params == {"text_input": "prompt", "input_ids": "prompt", "max_tokens": "max_tokens",
+                              "logit_bias_ids": "logit_bias"}
     assert request.stream and request.include_usage
 
 
@@ -75,14 +73,24 @@ def test_max_completion_tokens_is_chats_max_tokens_and_errors_name_it():
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"n": 2}, "n"),
-    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"n": 9}, "n"),
+    ({"n": 0}, "n"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [[1, 2], []]}, "prompt"),
+    ({"prompt": ["a"] * 129}, "prompt"),
+    ({"prompt": ["a"] * 17, "n": 8}, "n"),
+    ({"prompt": [2**31]}, "prompt"),               # an id its input's type cannot hold
     ({"seed": -1}, "seed"),
+    ({"seed": 2**64 - 1, "n": 2}, "seed"),         # the second choice's seed would not fit
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"logit_bias": {"1_0": 1}}, "logit_bias"),
+    ({"logit_bias": {str(2**40): 1}}, "logit_bias"),
     ({"max_tokens": 2**31}, "max_tokens"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),   # without stream: true
-    ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"logprobs": 21}, "logprobs"),
     ({"best_of": 3}, "best_of"),
+    ({"best_of": 2, "n": 3}, "best_of"),
+    ({"suffix": "x"}, "suffix"),
 ])
 def test_what_the_models_cannot_do_is_a_400_naming_the_parameter(body, param):
     with pytest.raises(ApiError) as refused:
@@ -93,7 +101,8 @@ def test_what_the_models_cannot_do_is_a_400_naming_the_parameter(body, param):
 
 def test_neutral_values_of_unsupported_parameters_are_accepted():
     completion_request(completion(n=1, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, echo=False,
-                                  best_of=1, logprobs=None, user="someone"))
+                                  best_of=1, logprobs=None, user="someone", suffix=""))
+    assert completion_request(completion(n=3, best_of=3)).n == 3
     chat_request(chat(logprobs=False, top_logprobs=0, response_format={"type": "text"}, tools=[],
                       tool_choice="none"), "P")
 
@@ -165,10 +174,10 @@ def test_a_chat_stream_is_role_then_text_then_finish_then_usage():
 
 
 def test_whole_answers_have_openais_shape():
-    completion_body = Envelope("cmpl-1", False, 5, "m").body("text", "stop", Usage(2, 3))
+    completion_body = Envelope("cmpl-1", False, 5, "m").body([Choice("text", "stop")], Usage(2, 3))
     assert completion_body["object"] == "text_completion" and "usage" not in Envelope("c", False, 5, "m").chunk("x")
     assert completion_body["choices"] == [{"index": 0, "text": "text", "logprobs": None, "finish_reason": "stop"}]
-    chat_body = Envelope("chatcmpl-1", True, 5, "m").body("text", "length", None)
+    chat_body = Envelope("chatcmpl-1", True, 5, "m").body([Choice("text", "length")], None)
     assert chat_body["object"] == "chat.completion" and chat_body["usage"] is None
     assert chat_body["choices"][0]["message"] == {"role": "assistant", "content": "text"}
 
