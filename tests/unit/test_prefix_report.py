@@ -33,7 +33,7 @@ def test_figures_pool_the_rounds_and_split_chat_turns():
     assert on["ttft_p50_first"] == 1.0 and on["ttft_p50_later"] == pytest.approx(0.2)
     assert on["ttft_p50_later_each"] == [0.1, 0.3]
     assert on["hit_rate"] == pytest.approx(320 / 600) and on["hit_rate_metrics"] == pytest.approx(320 / 600)
-    assert on["computed_prompt_tokens"] == 600 - 320
+    assert on["computed_prompt_tokens"] == 600 - 320 and on["tpot_p50"] == 1.0
     off = prefix_report.figures(RUNS["off"], "chat")
     assert off["hit_rate"] == 0 and off["hit_rate_metrics"] == 0 and off["tok_s"] == pytest.approx(12 / 8.0)
 

@@ -38,6 +38,8 @@ def figures(rounds: list[dict], workload: str) -> dict:
         "ttft_p50_each": [distribution([a["ttft"] for a in run["answers"] if a["error"] is None])["p50"]
                           for run in runs],
         "e2e_p50": distribution([a["latency"] for a in ok])["p50"],
+        "tpot_p50": distribution([(a["latency"] - a["ttft"]) / (a["output_tokens"] - 1) for a in ok
+                                  if a["output_tokens"] > 1 and a["latency"] > a["ttft"]])["p50"],
         "prompt_tokens": prompt, "computed_prompt_tokens": prompt - cached,
         "output_tokens": sum(a["output_tokens"] for a in ok),
         "hit_rate": cached / prompt if prompt else None,
@@ -102,7 +104,8 @@ def rows(runs: dict[str, list[dict]], workloads: list[str]) -> list[dict]:
                       for name, turns in (("later", "turns >= 2"), ("first", "first turns")) for q in ("p50", "p99")]
         else:
             shown += [("TTFT p50 s", "ttft_p50", ".3f"), ("TTFT p99 s", "ttft_p99", ".3f")]
-        shown += [("prompt tokens computed", "computed_prompt_tokens", "d")]
+        shown += [("time per output token p50 s", "tpot_p50", ".4f"),
+                  ("prompt tokens computed", "computed_prompt_tokens", "d")]
         for label, key, spec in shown:
             each = [_ratio(a, b) for a, b in zip(on.get(f"{key}_each", []), off.get(f"{key}_each", []))]
             table.append({"workload": workload, "figure": label, "on": _num(on[key], spec),
