@@ -13,7 +13,7 @@ MODEL ?=
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: setup serve test test-slow unit bench-engine bench-peers compare clean
+.PHONY: setup serve test test-slow unit bench-engine bench-peers bench-prefix compare clean
 
 setup:
 	@scripts/setup.sh
@@ -43,6 +43,12 @@ bench-engine: setup
 bench-peers: setup
 	.venv/bin/pip install -q -e '.[peers]'
 	.venv/bin/batchlm-bench peers $(PEERS_ARGS)
+
+# Prefix caching on and off, one server at a time, on multi-turn chat, a shared system prompt and prompts
+# sharing nothing (~9 min on 2 cores): results/prefix_cache/. PREFIX_ARGS="--model dynamic_batching" for
+# another strategy (docs/benchmarking.md, "Prefix caching").
+bench-prefix: setup
+	.venv/bin/batchlm-bench prefix $(PREFIX_ARGS)
 
 # The measured comparison of the three strategies on the chat workload (about an hour on 2 cores;
 # COMPARE_ARGS="--repeats 1": 33 min): results/compare/, and the

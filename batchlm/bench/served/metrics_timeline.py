@@ -32,6 +32,14 @@ FAMILIES = {
     "triton_executions": "nv_inference_exec_count",
     "triton_inferences": "nv_inference_count",
 }
+# The prefix cache's counters (batchlm.backend.metrics): prompt tokens looked up and found, cached
+# blocks taken back, and the blocks findable now.
+PREFIX_FAMILIES = {
+    "queries": "batchlm_prefix_cache_queries_total",
+    "hits": "batchlm_prefix_cache_hits_total",
+    "evictions": "batchlm_prefix_cache_evictions_total",
+    "cached_blocks": "batchlm_kv_blocks_cached",
+}
 
 
 @dataclass(frozen=True)
@@ -48,10 +56,10 @@ class MetricsSample:
     inferences: float = 0.0        # requests those executions held (a batch of 8 counts 8)
 
 
-def parse_metrics(text: str, model: str) -> dict[str, float]:
-    """The FAMILIES values for `model` from a Prometheus text page (missing ones are left out), each
+def parse_metrics(text: str, model: str, families: dict[str, str] = FAMILIES) -> dict[str, float]:
+    """The `families` values for `model` from a Prometheus text page (missing ones are left out), each
     summed over the model's series: one per instance where the model has several (`instance` label)."""
-    wanted = {family: key for key, family in FAMILIES.items()}
+    wanted = {family: key for key, family in families.items()}
     values: dict[str, float] = {}
     for line in text.splitlines():
         name, _, rest = line.partition("{")
@@ -73,14 +81,38 @@ def metrics_problem(metrics_url: str, model: str) -> str | None:
     return None
 
 
+def scrape(metrics_url: str, model: str, families: dict[str, str] = FAMILIES) -> dict[str, float] | None:
+    """parse_metrics of one read of `metrics_url`; None when it cannot be read."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=2) as r:
+            return parse_metrics(r.read().decode(), model, families)
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def settled_scrape(metrics_url: str, model: str, families: dict[str, str] = FAMILIES, settle: float = 0.05,
+                   timeout: float = 2.0) -> dict[str, float] | None:
+    """A scrape that two reads `settle` seconds apart agree on (the last read after `timeout` seconds):
+    the models push their counters in batches (batchlm.backend.metrics), so the work of a request
+    answered just before can reach the page a moment later."""
+    deadline = time.monotonic() + timeout
+    previous = scrape(metrics_url, model, families)
+    while time.monotonic() < deadline:
+        time.sleep(settle)
+        now = scrape(metrics_url, model, families)
+        if now == previous:
+            return now
+        previous = now
+    return previous
+
+
 class MetricsTimeline:
     """Use as a context manager around a run; `samples` holds the timeline afterwards.
 
     Entering scrapes a baseline before the run sends anything, and exiting takes a closing sample, so
     the samples' counter deltas add up to the whole run, even one shorter than `interval`. The baseline
-    is a settled one: the models push their counters in batches (batchlm.backend.metrics), so the work
-    of a request answered just before (the benchmark's streaming probe) can reach the page a moment
-    later; entering waits until two scrapes `settle` seconds apart agree (at most `settle_timeout`).
+    is a settled one (`settled_scrape`), so the work of a request answered just before (the benchmark's
+    streaming probe) is not counted in the run.
     """
 
     settle = 0.05
@@ -110,22 +142,10 @@ class MetricsTimeline:
         return [asdict(s) for s in self.samples]
 
     def _settled_scrape(self) -> dict[str, float] | None:
-        deadline = time.monotonic() + self.settle_timeout
-        previous = self._scrape()
-        while time.monotonic() < deadline:
-            time.sleep(self.settle)
-            now = self._scrape()
-            if now == previous:
-                return now
-            previous = now
-        return previous
+        return settled_scrape(self.metrics_url, self.model, settle=self.settle, timeout=self.settle_timeout)
 
     def _scrape(self) -> dict[str, float] | None:
-        try:
-            with urllib.request.urlopen(self.metrics_url, timeout=2) as r:
-                return parse_metrics(r.read().decode(), self.model)
-        except (urllib.error.URLError, OSError):
-            return None  # NOTE: a missed sample is a gap in the plot, not a failed run
+        return scrape(self.metrics_url, self.model)  # NOTE: None is a gap in the plot, not a failed run
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
