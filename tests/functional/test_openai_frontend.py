@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,6 +107,13 @@ def _ask(sdk: openai.OpenAI, model: str, kind: str, stream: bool, text: str) -> 
     return "".join(texts), finish, last_usage
 
 
+def _metric_reaches_at_least(server, name: str, model: str, value: float, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while (metric_value(server, name, model) or 0) < value and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return (metric_value(server, name, model) or 0) >= value
+
+
 def _metric_above_zero(server, name: str, model: str, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while not (metric_value(server, name, model) or 0) > 0 and time.monotonic() < deadline:
@@ -171,6 +179,17 @@ def test_stream_events_have_openais_shape(frontend):
      400, "max_completion_tokens"),
     ("completions", {"prompt": "hi", "n": 9}, 400, "n"),
     ("completions", {"prompt": [[1, 10**6]], "max_tokens": 1}, 400, "prompt"),          # input_ids -> prompt
+    # the engine's ranges, named as sent: each parameter reaches the engine
+    ("completions", {"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
+    ("completions", {"prompt": "hi", "frequency_penalty": -2.5, "stream": True}, 400, "frequency_penalty"),
+    ("completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("completions", {"prompt": "hi", "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"100000": 5}},
+     400, "logit_bias"),
+    ("completions", {"prompt": "hi", "guided_regex": "("}, 400, "guided_regex"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}, 400, "response_format"),
+    ("completions", {"prompt": "hi", "guided_regex": "a", "guided_choice": ["b"]}, 400, "guided_choice"),
     ("completions", {"prompt": "hi", "temprature": 0.5}, 400, "temprature"),
     ("completions", {"prompt": "hi", "max_tokens": "8"}, 400, "max_tokens"),
     ("completions", {"prompt": "hi", "stop": ["x"] * 17}, 400, "stop"),
@@ -479,6 +498,81 @@ def test_token_prompts_answer_as_their_text_and_a_list_answers_each_in_order(fro
     assert [c.text for c in texts_answer.choices] == [c.text for c in answer.choices]
 
 
+TINY = Tokenizer.from_dir(TINY_MODEL_DIR)
+
+
+def test_logit_bias_forces_a_token_and_min_tokens_holds_eos_back(sdk):
+    model = "continuous_batching"
+    forced = TINY.encode("hello")[-1]
+    answer = sdk.completions.create(model=model, prompt="Once upon a time", max_tokens=4, logprobs=0,
+                                    logit_bias={str(forced): 100}, temperature=0, extra_body={"ignore_eos": True})
+    assert set(answer.choices[0].logprobs.tokens) == {TINY.hf.id_to_token(forced)}
+    eos = {str(min(TINY.eos_token_ids)): 100}
+    ended = sdk.completions.create(model=model, prompt="Once upon a time", max_tokens=8, logit_bias=eos,
+                                   temperature=0)
+    assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens <= 1
+    held = sdk.completions.create(model=model, prompt="Once upon a time", max_tokens=8, logit_bias=eos,
+                                  temperature=0, extra_body={"min_tokens": 4})
+    assert held.choices[0].finish_reason == "stop" and held.usage.completion_tokens >= 4
+
+
+def test_n_choices_are_the_requests_seeded_seed_and_seed_plus_1_and_share_the_prompts_kv(server, sdk):
+    model = "continuous_batching"
+    prompt = f"Seeded choices ({time.time_ns()}) share a prompt that fills a few blocks of the cache " * 3
+    sampled = {"model": model, "max_tokens": TOKENS, "temperature": 1.0, "extra_body": {"ignore_eos": True}}
+    hits = metric_value(server, "batchlm_prefix_cache_hits_total", model) or 0
+    both = sdk.completions.create(prompt=prompt, n=2, seed=11, **sampled)
+    # the second choice read the first's prompt blocks (the model counts them once its step is done)
+    assert _metric_reaches_at_least(server, "batchlm_prefix_cache_hits_total", model, hits + 16)
+    alone = [sdk.completions.create(prompt=prompt, seed=seed, **sampled) for seed in (11, 12)]
+    assert [c.index for c in both.choices] == [0, 1]
+    assert [c.text for c in both.choices] == [a.choices[0].text for a in alone]
+    assert (both.usage.prompt_tokens, both.usage.completion_tokens) == (alone[0].usage.prompt_tokens, 2 * TOKENS)
+    messages = [{"role": "user", "content": "Two ways"}]
+    whole = sdk.chat.completions.create(model=model, messages=messages, n=2, seed=3, max_tokens=TOKENS)
+    texts = {0: "", 1: ""}
+    for chunk in sdk.chat.completions.create(model=model, messages=messages, n=2, seed=3, max_tokens=TOKENS,
+                                             stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert [texts[0], texts[1]] == [c.message.content for c in whole.choices]
+
+
+def test_structured_output_parses_into_the_sdks_pydantic_model(sdk):
+    """`.parse()` sends a strict JSON schema; the engine holds the tiny random model's answer to it."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Pet(BaseModel):
+        kind: Literal["cat", "dog", "fish"]
+        age: int = Field(ge=0, le=9)
+        vaccinated: bool
+
+    model = "continuous_batching"
+    parsed = sdk.chat.completions.parse(model=model, messages=[{"role": "user", "content": "Describe a pet."}],
+                                        response_format=Pet, max_tokens=96, temperature=0)
+    assert isinstance(parsed.choices[0].message.parsed, Pet), parsed.choices[0].message.content
+    choice = sdk.completions.create(model=model, prompt="Pick one:", max_tokens=16, temperature=1.0, seed=2,
+                                    extra_body={"guided_choice": ["red", "green", "blue"]})
+    assert choice.choices[0].text in ("red", "green", "blue")
+    digits = sdk.completions.create(model=model, prompt="Three digits:", max_tokens=16, temperature=1.0, seed=2,
+                                    extra_body={"guided_regex": "[0-9]{3}"})
+    assert re.fullmatch("[0-9]{3}", digits.choices[0].text)
+
+
+def test_usage_counts_the_prompt_tokens_read_from_the_prefix_cache(sdk):
+    model = "continuous_batching"
+    prompt = f"A long prompt, asked twice ({time.time_ns()}), is read from the cache the second time. " * 4
+    first, second = (sdk.completions.create(model=model, prompt=prompt, max_tokens=2, **GREEDY) for _ in range(2))
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < second.usage.prompt_tokens and cached % 16 == 0
+    streamed = list(sdk.completions.create(model=model, prompt=prompt, max_tokens=2, stream=True,
+                                           stream_options={"include_usage": True}, **GREEDY))
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == cached
+
+
 def test_a_chat_without_max_tokens_runs_to_the_end_of_the_context(frontend, sdk):
     model = "continuous_batching"
     messages = [{"role": "user", "content": "Go on for as long as you may"}]
@@ -503,6 +597,8 @@ def test_with_an_api_key_the_sdk_is_answered_with_it_and_refused_without(keyed_f
     assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
     assert refused.value.body == {"message": "incorrect API key", "type": "invalid_request_error",
                                   "param": None, "code": "invalid_api_key"}
+    remote = pytest.importorskip("lm_eval.utils").RemoteTokenizer(f"{url}/completions", auth_token=KEY)
+    assert remote.decode(remote.encode("Hi there")) == "Hi there"
 
 
 @pytest.mark.parametrize("headers, message", [
@@ -513,7 +609,7 @@ def test_with_an_api_key_the_sdk_is_answered_with_it_and_refused_without(keyed_f
     ({"Authorization": f"Bearer {KEY}x"}, "incorrect API key"),
 ])
 @pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("POST", "/v1/completions"),
-                                          ("GET", "/v1/no-such-route")])
+                                          ("GET", "/v1/no-such-route"), ("GET", "/tokenizer_info")])
 def test_without_the_key_every_v1_route_is_a_401_in_openais_shape(keyed_frontend, headers, message, method, path):
     body = {"model": "continuous_batching", "prompt": "Hi", "max_tokens": 2}
     r = requests.request(method, f"{keyed_frontend.url}{path}", headers=headers, timeout=30,
