@@ -13,7 +13,7 @@ MODEL ?=
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: setup serve test test-slow unit bench-engine bench-peers bench-prefix compare clean
+.PHONY: setup serve test test-slow unit bench-engine bench-peers bench-prefix compare eval clean
 
 setup:
 	@scripts/setup.sh
@@ -55,6 +55,14 @@ bench-prefix: setup
 # table and plots copied to docs/results/. COMPARE_ARGS="--lock-file /tmp/x.lock" to share the CPU.
 compare: setup
 	.venv/bin/batchlm-bench compare --out results/compare --publish docs/results $(COMPARE_ARGS)
+
+# lm-evaluation-harness on the project's quiz (batchlm/eval/tasks/): its Hugging Face backend on the default
+# model's file, then the served continuous_batching through the OpenAI frontend (a server of its own on free
+# ports), compared item by item: results/eval/comparison.md. Installs the `eval` extra first where lm-eval
+# is missing. EVAL_ARGS="--url http://127.0.0.1:9000" asks a running `make serve` instead.
+eval: setup
+	@$(PY) -c "import lm_eval" 2>/dev/null || .venv/bin/pip install -q -e '.[eval]'
+	.venv/bin/batchlm-bench eval $(EVAL_ARGS)
 
 clean:
 	rm -rf .venv .triton .cache models results

@@ -11,6 +11,7 @@ Served (each against a real tritonserver; most can start their own with --start-
     soak             Locust at saturation against every model at once; failures, p99 drift, server resources
     memory           resident memory of every process of a served repository, and its start-up time
     prefix           prefix caching on and off: multi-turn chat, a shared system prompt, a control
+    eval             lm-evaluation-harness on the project's quiz, served and on transformers, compared (`make eval`)
 In process (the engine alone, no server):
     engine           engine throughput per batch size (`make bench-engine`)
     forward          one forward pass per batch size: where a step's time goes (--profile, --interfere)
@@ -43,6 +44,7 @@ SUBCOMMANDS = {
     "soak": "batchlm.bench.served.soak",
     "memory": "batchlm.bench.served.memory",
     "prefix": "batchlm.bench.served.prefix",
+    "eval": "batchlm.eval.run",
     "engine": "batchlm.bench.engine",
     "forward": "batchlm.bench.forward",
     "attention": "batchlm.bench.attention",

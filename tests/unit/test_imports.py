@@ -70,7 +70,7 @@ def test_no_module_is_over_400_lines():
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
-SERVING = ("batchlm.backend", "batchlm.launcher", "batchlm.frontend", "batchlm.bench", "batchlm_client")
+SERVING = ("batchlm.backend", "batchlm.launcher", "batchlm.frontend", "batchlm.bench", "batchlm.eval", "batchlm_client")
 
 
 @pytest.mark.parametrize("importer, forbidden", [
@@ -78,10 +78,12 @@ SERVING = ("batchlm.backend", "batchlm.launcher", "batchlm.frontend", "batchlm.b
     ("batchlm.model", ("batchlm.engine", *SERVING)),
     ("batchlm.engine", SERVING),
     ("batchlm.request_schema", ("batchlm.model", "batchlm.engine", *SERVING)),
-    ("batchlm.backend", ("batchlm.launcher", "batchlm.frontend", "batchlm.bench", "batchlm_client")),
-    ("batchlm.frontend", ("batchlm.engine", "batchlm.backend", "batchlm.launcher", "batchlm.bench", "batchlm_client")),
-    ("batchlm.launcher", ("batchlm.frontend", "batchlm.bench", "batchlm_client")),
-    ("batchlm_client", ("batchlm.engine", "batchlm.backend", "batchlm.launcher", "batchlm.frontend", "batchlm.bench")),
+    ("batchlm.backend", ("batchlm.launcher", "batchlm.frontend", "batchlm.bench", "batchlm.eval", "batchlm_client")),
+    ("batchlm.frontend", ("batchlm.engine", "batchlm.backend", "batchlm.launcher", "batchlm.bench", "batchlm.eval",
+                          "batchlm_client")),
+    ("batchlm.launcher", ("batchlm.frontend", "batchlm.bench", "batchlm.eval", "batchlm_client")),
+    ("batchlm_client", ("batchlm.engine", "batchlm.backend", "batchlm.launcher", "batchlm.frontend", "batchlm.bench",
+                        "batchlm.eval")),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_imports_run_one_way_between_layers(importer, forbidden):
     assert not _violations(importer, forbidden)
