@@ -2,11 +2,10 @@
 by a mask over the vocabulary applied inside the engine's step (llguidance), so guided and free requests
 share a batch.
 
-llguidance, not xgrammar: on this project's CPU machine both compute a step's mask in tens of
-microseconds, but llguidance compiles a JSON schema about ten times faster (no compiled-grammar cache
-needed per request), keeps special tokens out of the text it allows, and is one wheel with no
-dependencies, where xgrammar pulls in the GPU compiler `triton` (`docs/operations.md`, guided decoding,
-gives the measurement). A guide is compiled and checked where the request is validated (any thread); its
+llguidance, not xgrammar: both compute a step's mask in microseconds, but llguidance compiles a JSON
+schema several times faster (no compiled-grammar cache needed per request), keeps special tokens out of
+the text it allows, and is one wheel with no dependencies, where xgrammar pulls in the GPU compiler
+`triton` (`batchlm-bench guided` measures both; docs/benchmarking.md quotes it). A guide is compiled and checked where the request is validated (any thread); its
 matcher lives on the sequence and is advanced by the model runner on the engine's thread.
 """
 
