@@ -5,8 +5,9 @@ share a batch.
 llguidance, not xgrammar: both compute a step's mask in microseconds, but llguidance compiles a JSON
 schema several times faster (no compiled-grammar cache needed per request), keeps special tokens out of
 the text it allows, and is one wheel with no dependencies, where xgrammar pulls in the GPU compiler
-`triton` (`batchlm-bench guided` measures both; docs/benchmarking.md quotes it). A guide is compiled and checked where the request is validated (any thread); its
-matcher lives on the sequence and is advanced by the model runner on the engine's thread.
+`triton` (`batchlm-bench guided` measures both; docs/benchmarking.md quotes it). A guide is compiled and
+checked where the request is validated (any thread); its matcher lives on the sequence and is advanced by
+the model runner on the engine's thread.
 """
 
 from __future__ import annotations
