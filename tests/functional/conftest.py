@@ -6,7 +6,9 @@ stub it started; the teardown fails the run if any of them is still alive.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
 import time
 from pathlib import Path
 
@@ -106,3 +108,30 @@ def csv_rows(path: Path) -> list[dict]:
 def locust_events(prefix: Path) -> dict[str, dict]:
     """`<Type> <Name>` -> row of a Locust run's stats CSV (`--csv prefix`), the Aggregated row left out."""
     return {f"{r['Type']} {r['Name']}": r for r in csv_rows(Path(f"{prefix}_stats.csv")) if r["Type"]}
+
+
+@contextlib.contextmanager
+def default_model_serving(log_dir: Path, extra_args: tuple[str, ...] = ()):
+    """tritonserver and the OpenAI frontend serving the default model itself (the tests' tiny-model
+    override lifted for their start): yields (server, frontend URL); stops both, and fails if any process
+    they started outlives them."""
+    from batchlm.launcher.frontend_process import FrontendProcess
+    from batchlm.launcher.ports import free_port
+    from batchlm.launcher.triton_server import TritonServer
+    from batchlm.paths import MODEL_ENV
+
+    saved = os.environ.pop(MODEL_ENV, None)
+    server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          log_path=log_dir / "server.log", exit_timeout_s=5, extra_args=extra_args)
+    frontend = FrontendProcess(server.grpc_url, port=free_port(), graceful_timeout=2, log_path=log_dir / "frontend.log")
+    try:
+        server.start(timeout=300)
+        frontend.start(timeout=60)
+        yield server, frontend.url
+    finally:
+        tree = server.descendants()
+        frontend.stop()
+        server.stop()
+        if saved is not None:
+            os.environ[MODEL_ENV] = saved
+    assert not [pid for pid in tree if is_alive(pid)]

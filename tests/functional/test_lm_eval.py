@@ -10,17 +10,13 @@ beside it, as `make eval` runs it (batchlm/eval/run.py). Four lm-eval runs of a 
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from batchlm.eval.compare import LOGLIKELIHOOD_ATOL, Run, compare_runs, report
 from batchlm.eval.run import ANSWER_TASK, CHOICE_TASK, reference_runs, run, served_runs
-from batchlm.launcher.frontend_process import FrontendProcess
-from batchlm.launcher.ports import free_port
-from batchlm.launcher.triton_server import TritonServer
-from batchlm.paths import DEFAULT_MODEL, MODEL_ENV
-from tests.functional.conftest import is_alive
+from batchlm.paths import DEFAULT_MODEL
+from tests.functional.conftest import default_model_serving
 
 pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed: pip install -e '.[eval]' "
                                       "(make eval installs it)")
@@ -44,23 +40,9 @@ def reference(out):
 @pytest.fixture(scope="module")
 def served(out, reference):
     """The served runs, against a tritonserver and frontend of their own on the default model."""
-    saved = os.environ.pop(MODEL_ENV, None)
-    server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          log_path=out / "server.log", exit_timeout_s=5,
-                          extra_args=("--model-control-mode=explicit", f"--load-model={SERVED}"))
-    frontend = FrontendProcess(server.grpc_url, port=free_port(), graceful_timeout=2, log_path=out / "frontend.log")
-    try:
-        server.start(timeout=300)
-        frontend.start(timeout=60)
-        for step in served_runs(frontend.url, SERVED, out / "served"):
+    with default_model_serving(out, extra_args=("--model-control-mode=explicit", f"--load-model={SERVED}")) as (_, url):
+        for step in served_runs(url, SERVED, out / "served"):
             run(step, out)
-    finally:
-        tree = server.descendants()
-        frontend.stop()
-        server.stop()
-        if saved is not None:
-            os.environ[MODEL_ENV] = saved
-    assert not [pid for pid in tree if is_alive(pid)]
     return Run.read(out / "served")
 
 

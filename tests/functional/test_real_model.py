@@ -11,18 +11,14 @@ engine to transformers token for token).
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 
-from batchlm.launcher.frontend_process import FrontendProcess
-from batchlm.launcher.ports import free_port
-from batchlm.launcher.triton_server import TritonServer
-from batchlm.paths import DEFAULT_MODEL, MODEL_ENV
+from batchlm.paths import DEFAULT_MODEL
 from batchlm_client.triton_llm import LLMClient, collect
-from tests.functional.conftest import is_alive
+from tests.functional.conftest import default_model_serving
 
 MODELS = ("static_batching", "dynamic_batching", "continuous_batching")
 # Eight, a full batch of static_batching: question -> a word its right answer holds.
@@ -42,22 +38,8 @@ MAX_TOKENS = 48
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(server, frontend URL) over the repository's own model_dir, the default model."""
-    saved = os.environ.pop(MODEL_ENV, None)
-    logs = tmp_path_factory.mktemp("real_model")
-    server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          log_path=logs / "server.log", exit_timeout_s=5)
-    frontend = FrontendProcess(server.grpc_url, port=free_port(), graceful_timeout=2, log_path=logs / "frontend.log")
-    try:
-        server.start(timeout=300)
-        frontend.start(timeout=60)
-        yield server, frontend.url
-    finally:
-        tree = server.descendants()
-        frontend.stop()
-        server.stop()
-        if saved is not None:
-            os.environ[MODEL_ENV] = saved
-    assert not [pid for pid in tree if is_alive(pid)]
+    with default_model_serving(tmp_path_factory.mktemp("real_model")) as serving:
+        yield serving
 
 
 def _ask_all(ask) -> dict[str, tuple[str, str]]:
