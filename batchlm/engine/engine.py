@@ -135,7 +135,7 @@ class LLMEngine:
         self._check_logit_bias(params)
         check_fits(len(ids), params.max_tokens, limit)
         if params.guided_decoding_guide_type is not None:
-            self.guides.grammar(params.guided_decoding_guide_type, params.guided_decoding_guide)
+            self.guides.check(params.guided_decoding_guide_type, params.guided_decoding_guide)
         return ids
 
     def _check_logit_bias(self, params: SamplingParams) -> None:

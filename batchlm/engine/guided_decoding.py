@@ -6,13 +6,14 @@ llguidance, not xgrammar: both compute a step's mask in microseconds, but llguid
 schema several times faster (no compiled-grammar cache needed per request), keeps special tokens out of
 the text it allows, and is one wheel with no dependencies, where xgrammar pulls in the GPU compiler
 `triton` (`batchlm-bench guided` measures both; docs/benchmarking.md quotes it). A guide is compiled and
-checked where the request is validated (any thread); its matcher lives on the sequence and is advanced by
-the model runner on the engine's thread.
+checked where the request is validated (any thread); a copy of its matcher lives on the sequence and is
+advanced by the model runner on the engine's thread.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -47,7 +48,13 @@ def check_guide(guide_type: object, guide: object) -> None:
 
 class GuideCompiler:
     """Compiles guides for one tokenizer; thread-safe. The llguidance tokenizer (~0.6 s for a 49k vocabulary)
-    is built once, by the first guided request."""
+    is built once, by the first guided request.
+
+    Building a matcher parses its grammar, which takes long for a large one, so `check` (where a request
+    is validated, off the engine thread) builds it and keeps it, and `matcher` (on the engine thread, as
+    the request is added) copies the kept one; the last CACHED guides are kept."""
+
+    CACHED = 64
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
         self._tokenizer_json = tokenizer_json
@@ -55,26 +62,39 @@ class GuideCompiler:
         self._eos = sorted(eos_token_ids)
         self._tokenizer = None
         self._lock = threading.Lock()
+        self._compiled: OrderedDict[tuple[str, str | None], object] = OrderedDict()  # guide -> fresh matcher
 
-    def grammar(self, guide_type: str, guide: str | None) -> str:
-        """The checked grammar of a guide; InvalidArgument naming `guided_decoding_guide` if it does not
-        compile."""
+    def check(self, guide_type: str, guide: str | None) -> None:
+        """Compile a guide (and keep it for `matcher`); InvalidArgument naming `guided_decoding_guide` if it
+        does not compile."""
+        self._compiled_matcher(guide_type, guide)
+
+    def matcher(self, guide_type: str, guide: str | None) -> GuideMatcher:
+        """A matcher at the start of the guide, for one request."""
+        return GuideMatcher(self._compiled_matcher(guide_type, guide).deep_copy(), self._vocab_size)
+
+    def _compiled_matcher(self, guide_type: str, guide: str | None):
+        key = (guide_type, guide)
+        with self._lock:
+            if key in self._compiled:
+                self._compiled.move_to_end(key)
+                return self._compiled[key]
         import llguidance
 
         try:
             grammar = llguidance.grammar_from(GUIDE_TYPES[guide_type], _ANY_JSON if guide is None else guide)
         except ValueError as exc:
             raise InvalidArgument("guided_decoding_guide", f"does not compile: {exc}") from None
-        error = llguidance.LLMatcher.validate_grammar(grammar, self._llg_tokenizer())
+        tokenizer = self._llg_tokenizer()
+        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error and not error.startswith("WARNING"):
             raise InvalidArgument("guided_decoding_guide", f"does not compile: {error.strip()}")
-        return grammar
-
-    def matcher(self, guide_type: str, guide: str | None) -> GuideMatcher:
-        import llguidance
-
-        return GuideMatcher(llguidance.LLMatcher(self._llg_tokenizer(), self.grammar(guide_type, guide), log_level=0),
-                            self._vocab_size)
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        with self._lock:
+            self._compiled[key] = matcher
+            while len(self._compiled) > self.CACHED:
+                self._compiled.popitem(last=False)
+        return matcher
 
     def _llg_tokenizer(self):
         import llguidance
