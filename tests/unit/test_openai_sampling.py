@@ -98,7 +98,7 @@ def test_a_choice_regex_matches_each_choice_exactly_and_compiles_for_the_engine(
     assert all(re.fullmatch(pattern, c) for c in choices)
     assert not re.fullmatch(pattern, "axb") and not re.fullmatch(pattern, "x")
     tokenizer = Tokenizer.from_dir(TINY_MODEL_DIR)
-    GuideCompiler(tokenizer.hf.to_str(), tokenizer.vocab_size, tokenizer.eos_token_ids).grammar("regex", pattern)
+    GuideCompiler(tokenizer.hf.to_str(), tokenizer.vocab_size, tokenizer.eos_token_ids).check("regex", pattern)
 
 
 def test_the_sdks_parse_body_is_accepted():
