@@ -83,6 +83,25 @@ class Chunk:
                    token_ids=token_ids, logprobs=logprobs, prompt_ids=prompt_ids, prompt_logprobs=prompt_logprobs,
                    num_cached_tokens=None if num_cached is None else int(num_cached))
 
+    @classmethod
+    def joined(cls, chunks: Sequence[Chunk]) -> Chunk:
+        """One Chunk for one request's Chunks (a stream's): their text and tokens in order, the prompt's
+        tokens of the first that has them, the last one's finish reason and counters."""
+        def run(parts: list[tuple | None]) -> tuple | None:
+            present = [p for p in parts if p is not None]
+            return tuple(x for p in present for x in p) if present else None
+
+        last = chunks[-1]
+        prompt = next((c for c in chunks if c.prompt_ids is not None), last)
+        # NOTE: tokens of one Chunk without their log-probabilities leave the whole without any, which a
+        # caller that asked for them can refuse, rather than a list short of some
+        unscored = any(c.token_ids and c.logprobs is None for c in chunks)
+        return cls("".join(c.text for c in chunks), last.finish_reason, last.num_input_tokens,
+                   last.num_output_tokens, token_ids=run([c.token_ids for c in chunks]),
+                   logprobs=None if unscored else run([c.logprobs for c in chunks]),
+                   prompt_ids=prompt.prompt_ids, prompt_logprobs=prompt.prompt_logprobs,
+                   num_cached_tokens=last.num_cached_tokens)
+
 
 def _logprobs_of(output: Callable[[str], object], prefix: str, skip: int):
     """(ids, their TokenLogprobs) of logprob_outputs' arrays, read back; `skip` ids have no log-probability."""

@@ -4,7 +4,7 @@ the error a failed request raises (RequestFailed)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from batchlm.response_schema import Chunk, TokenLogprob
@@ -42,11 +42,10 @@ class Result:
 def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
     """Drain a chunk stream (or the one chunk of a whole answer) into a Result with client-side timings."""
     start = time.perf_counter() if start is None else start
-    texts, times, seen = [], [], []
+    times, seen = [], []
     ttft = None
     for chunk in chunks:
         now = time.perf_counter() - start
-        texts.append(chunk.text)
         times.append(now)
         if ttft is None and chunk.text:
             ttft = now
@@ -54,17 +53,13 @@ def collect(chunks: Iterator[Chunk], start: float | None = None) -> Result:
     if not seen:
         raise RequestFailed("empty", "the stream ended without a response")
     latency = time.perf_counter() - start
-    last = seen[-1]
-    prompt = next((c for c in seen if c.prompt_ids is not None), None)
-    return Result("".join(texts), last.finish_reason, last.num_input_tokens, last.num_output_tokens,
+    whole = Chunk.joined(seen)
+    return Result(whole.text, whole.finish_reason, whole.num_input_tokens, whole.num_output_tokens,
                   ttft=latency if ttft is None else ttft, latency=latency, chunk_times=times,
-                  token_ids=_joined(c.token_ids for c in seen), logprobs=_joined(c.logprobs for c in seen),
-                  prompt_ids=None if prompt is None else list(prompt.prompt_ids),
-                  prompt_logprobs=None if prompt is None or prompt.prompt_logprobs is None
-                  else list(prompt.prompt_logprobs), num_cached_tokens=last.num_cached_tokens)
+                  token_ids=_listed(whole.token_ids), logprobs=_listed(whole.logprobs),
+                  prompt_ids=_listed(whole.prompt_ids), prompt_logprobs=_listed(whole.prompt_logprobs),
+                  num_cached_tokens=whole.num_cached_tokens)
 
 
-def _joined(parts: Iterable[tuple | None]) -> list | None:
-    """The chunks' items in order; None where no chunk carries any (the model has no such output)."""
-    parts = [p for p in parts if p is not None]
-    return [item for part in parts for item in part] if parts else None
+def _listed(items: tuple | None) -> list | None:
+    return None if items is None else list(items)

@@ -36,7 +36,7 @@ from batchlm.frontend.metrics import RequestTiming
 from batchlm.frontend.responses import DONE, Choice, Envelope, Usage, sse
 from batchlm.frontend.schema_request import SchemaRequest
 from batchlm.frontend.served_models import ServedModels
-from batchlm.frontend.triton_client import ModelInfo, TritonBackend, TritonFailure, TritonStream, infer_inputs, joined
+from batchlm.frontend.triton_client import ModelInfo, TritonBackend, TritonFailure, TritonStream, infer_inputs
 from batchlm.response_schema import Chunk, MalformedResponse
 
 T = TypeVar("T")
@@ -62,7 +62,7 @@ class Call:
     async def whole(self) -> Chunk:
         if self._stream is None:
             return self.first
-        return joined([self.first, *[chunk async for chunk in self.rest()]])
+        return Chunk.joined([self.first, *[chunk async for chunk in self.rest()]])
 
     def cancel(self) -> None:
         if self._stream is not None:

@@ -99,25 +99,6 @@ def chunk_of(result) -> Chunk:
         raise TritonFailure(None, str(exc)) from None
 
 
-def joined(chunks: list[Chunk]) -> Chunk:
-    """One Chunk for a stream's Chunks: their text and tokens in order, the prompt's tokens of the first
-    that has them, the last one's finish reason and counters."""
-    def run(parts: list[tuple | None]) -> tuple | None:
-        present = [p for p in parts if p is not None]
-        return tuple(x for p in present for x in p) if present else None
-
-    last = chunks[-1]
-    prompt = next((c for c in chunks if c.prompt_ids is not None), last)
-    # NOTE: tokens of one Chunk without their log-probabilities leave the whole without any, which the
-    # answer's shaping refuses where they were asked for, rather than a list short of some
-    unscored = any(c.token_ids and c.logprobs is None for c in chunks)
-    return Chunk("".join(c.text for c in chunks), last.finish_reason, last.num_input_tokens, last.num_output_tokens,
-                 token_ids=run([c.token_ids for c in chunks]),
-                 logprobs=None if unscored else run([c.logprobs for c in chunks]),
-                 prompt_ids=prompt.prompt_ids, prompt_logprobs=prompt.prompt_logprobs,
-                 num_cached_tokens=last.num_cached_tokens)
-
-
 class TritonStream:
     """One request on its own ModelStreamInfer call: iterate for its Chunks, up to the final one.
 
@@ -225,7 +206,7 @@ class TritonBackend:
         if info.decoupled:
             stream = self.stream(info, inputs, request_id)
             try:
-                return joined([chunk async for chunk in stream])
+                return Chunk.joined([chunk async for chunk in stream])
             finally:
                 stream.cancel()
         try:

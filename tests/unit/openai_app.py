@@ -15,7 +15,7 @@ import numpy as np
 
 from batchlm.frontend.app import create_app
 from batchlm.frontend.served_models import ServedModels
-from batchlm.frontend.triton_client import ModelInfo, joined
+from batchlm.frontend.triton_client import ModelInfo
 from batchlm.paths import TINY_MODEL_DIR
 from batchlm.request_schema import INPUTS
 from batchlm.response_schema import Chunk
@@ -48,7 +48,7 @@ class FakeStream:
 
 class FakeBackend:
     """Triton as the app sees it: continuous_batching streams its Chunks, dynamic_batching answers them
-    joined, at once. `answers(fields)` gives the Chunks of the request with those fields."""
+    joined (Chunk.joined), at once. `answers(fields)` gives the Chunks of the request with those fields."""
 
     models = ("continuous_batching", "dynamic_batching")
 
@@ -72,7 +72,7 @@ class FakeBackend:
         return fields
 
     async def answer(self, info, inputs, request_id) -> Chunk:
-        return joined(self.answers(self._record(inputs, request_id)))
+        return Chunk.joined(self.answers(self._record(inputs, request_id)))
 
     def stream(self, info, inputs, request_id) -> FakeStream:
         return FakeStream(self.answers(self._record(inputs, request_id)), self.log, request_id)

@@ -18,7 +18,6 @@ from batchlm.frontend.responses import Choice, Envelope, Usage
 from batchlm.frontend.schema_request import chat_request, completion_request
 from batchlm.frontend.token_text import TokenTexts
 from batchlm.frontend.tokenize import load_tokenizer
-from batchlm.frontend.triton_client import joined
 from batchlm.frontend.validation import validation_error
 from batchlm.paths import TINY_MODEL_DIR
 from batchlm.response_schema import Chunk, MalformedResponse, TokenLogprob
@@ -221,12 +220,12 @@ def test_tokens_without_their_logprobs_are_a_malformed_response(texts):
 
 def test_a_decoupled_models_chunks_join_into_one_answer():
     first = chunk(" world", (WORLD,), prompt_ids=PROMPT_IDS, prompt_logprobs=PROMPT_SCORES)
-    whole = joined([first, chunk(" ", JA[:1]), chunk("", (), logprobs=(), finish="length")])
+    whole = Chunk.joined([first, chunk(" ", JA[:1]), chunk("", (), logprobs=(), finish="length")])
     assert (whole.text, whole.token_ids, whole.finish_reason) == (" world ", (WORLD, JA[0]), "length")
     assert [t.token_id for t in whole.logprobs] == [WORLD, JA[0]] and whole.prompt_logprobs == PROMPT_SCORES
-    unscored = joined([first, Chunk(" ", "length", 4, 2, token_ids=JA[:1])])
+    unscored = Chunk.joined([first, Chunk(" ", "length", 4, 2, token_ids=JA[:1])])
     assert unscored.logprobs is None and unscored.token_ids == (WORLD, JA[0])
-    plain = joined([Chunk("a", "", 4, 1), Chunk("b", "stop", 4, 2)])
+    plain = Chunk.joined([Chunk("a", "", 4, 1), Chunk("b", "stop", 4, 2)])
     assert (plain.text, plain.token_ids, plain.logprobs, plain.prompt_ids) == ("ab", None, None, None)
 
 
