@@ -31,6 +31,8 @@ ARCHITECTURE = "llama"
 # mixes (Q4_K_M, Q5_K_M, Q6_K) put in a llama file.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# The types batchlm::linear_q multiplies with as stored (batchlm/model/quantized.py), by ggml's numbers.
+QUANTIZED_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 ROPE_FREQS = "rope_freqs.weight"  # not a weight of the model: its RoPE's per-frequency divisors
 _REQUIRED = object()
 
@@ -224,6 +226,20 @@ class GGUFWeights(Mapping):
         import torch  # NOTE: here, not at the top: the tokenizer and config readers (Locust users) need no torch
 
         return torch.from_numpy(np.ascontiguousarray(values))
+
+    def quantized(self, hf_name: str) -> tuple[str, np.ndarray] | None:
+        """(type name, the stored blocks as a (rows, row bytes) uint8 copy in Hugging Face row order) where
+        the tensor's type is one of QUANTIZED_TYPES; None for any other type."""
+        if hf_name not in self._names:
+            raise KeyError(f"tensor {hf_name!r} missing from {self._file.path.name}")
+        tensor = self._file._tensors[self._names[hf_name]]
+        if tensor.type_name not in QUANTIZED_TYPES:
+            return None
+        raw = np.array(self._file.tensor_bytes(tensor))  # (N, K / 32 blocks), a copy off the mapped file
+        proj = hf_name.rsplit(".", 2)[-2]
+        if proj in self._heads:
+            raw = np.ascontiguousarray(_unpermute_rope_rows(raw, self._heads[proj]))
+        return tensor.type_name, raw
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
