@@ -30,9 +30,10 @@ class EngineConfig:
     linear: str = "auto"                  # "kernel" (native CPU op, batch-invariant; float32 on AVX-512
                                           # or AVX2, bfloat16 on AVX-512 BF16), "onednn" (packed oneDNN matmul),
                                           # "auto": the kernel where it has vector code
-    weights: str = "auto"                 # "auto": a GGUF file's Q4_0/Q4_1/Q8_0 tensors stay as stored and
-                                          # are multiplied by batchlm::linear_q (float32 CPU models; the same
-                                          # bits as "dense" at a sixth of the memory); "dense": dequantized
+    weights: str = "auto"                 # "auto": a GGUF file's Q4_0/Q4_1/Q8_0/F16/BF16 tensors stay as
+                                          # stored and are multiplied by batchlm::linear_q (float32 CPU
+                                          # models; the same bits as "dense" at a fraction of the memory);
+                                          # "dense": dequantized at load
     pointwise: str = "auto"               # RMSNorm, SiLU-and-multiply, RoPE and the KV write: "kernel"
                                           # (native CPU ops, one pass each), "torch" (torch's ops),
                                           # "auto": the kernels where they are built and can run

@@ -1,28 +1,32 @@
-// batchlm::linear_q: y = x @ W^T with W held in memory as GGUF blocks (Q4_0, Q4_1 or Q8_0), float32 x and y.
+// batchlm::linear_q: y = x @ W^T with W held in memory as the GGUF file stores it (Q4_0, Q4_1, Q8_0, F16
+// or BF16), float32 x and y.
 //
 // Contract (checked at the top of linear_q):
 //   x        (T, K)                    float32 (made contiguous here); K a multiple of 32
 //   packed   pack_linear_q(raw, qtype) uint8 (G, K / 32, tile_bytes(qtype)): for W (N, K) stored as `raw`,
-//            the file's bytes (N, K / 32 blocks of block_bytes(qtype)). Tile (g, b) holds output columns
-//            64g .. 64g+63 (zero past N) at k = 32b .. 32b+31:
+//            the file's bytes (N, K / 32 blocks of block_bytes(qtype); F16 and BF16 rows taken 32 values
+//            at a time). Tile (g, b) holds output columns 64g .. 64g+63 (zero past N) at k = 32b .. 32b+31:
 //              Q4_0  d[64] float16 | q[16][64]: byte j of column c, low nibble k = j, high nibble k = j + 16
 //              Q4_1  d[64] | m[64] float16 | q[16][64] as Q4_0
 //              Q8_0  d[64] | q[32][64] int8
-//   qtype    ggml's type number: 2 (Q4_0), 3 (Q4_1), 8 (Q8_0)
+//              F16, BF16  w[32][64] 16-bit floats
+//   qtype    ggml's type number: 1 (F16), 2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 30 (BF16)
 //   n        int, N: 64(G - 1) < N <= 64G
 //   returns  (T, N) float32
 // embedding_q(packed, qtype, ids (T,) int64) -> (T, K) float32: the rows `ids` of W, dequantized.
 //
 // Exactness: a weight is dequantized as the gguf package (and so transformers) reads the file, in float32
 // with one rounding per operation: Q4_0 d * (q - 8), Q4_1 d * q + m (the product rounded, then the sum),
-// Q8_0 q * d. Each group of 64 columns is dequantized into a float32 (K, 64) group in a per-thread scratch
-// and multiplied by linear.cpp's float32 register blocks, so every output is the same fma chain over k as
-// batchlm::linear over the dequantized W: bit-identical to it, and batch-invariant as it is.
+// Q8_0 q * d; F16 and BF16 widen exactly. Up to kFusedMaxRows rows, a group's weights are dequantized in
+// registers as they are multiplied; beyond, each group of 64 columns is dequantized into a float32 (K, 64)
+// group in a per-thread scratch and multiplied by linear.cpp's float32 register blocks. Either way every
+// output is the same fma chain over k as batchlm::linear over the dequantized W: bit-identical to it, and
+// batch-invariant as it is.
 //
-// Why: a decode step streams every weight from DRAM. Q4_1 is 5 bits a weight (Q4_0 4.5, Q8_0 8.5) against
-// float32's 32, so at small batches, where the step waits on memory, the step reads a sixth of the bytes.
-// A group is dequantized once per chunk of rows (kChunk), so at large batches the dequantization is
-// spread over many rows of multiply-adds.
+// Why: a decode step streams every weight. Q4_1 is 5 bits a weight (Q4_0 4.5, Q8_0 8.5, F16/BF16 16)
+// against float32's 32, so at small batches, where the step waits on memory, it reads a sixth of the
+// bytes. A group is dequantized once per chunk of rows (kChunk), so at large batches the dequantization
+// is spread over many rows of multiply-adds.
 
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -39,20 +43,24 @@ namespace {
 
 constexpr int64_t kBlock = 32;  // weights per GGUF block along k
 
-enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+enum QType : int64_t { kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kBF16 = 30 };
 
-int64_t block_bytes(int64_t qtype) {  // one block in the file
+int64_t scale_bytes(int64_t qtype) {  // the float16 scales that open one block of 32 in the file: d (and m)
   switch (qtype) {
-    case kQ4_0: return 2 + kBlock / 2;
-    case kQ4_1: return 4 + kBlock / 2;
-    case kQ8_0: return 2 + kBlock;
-    default: TORCH_CHECK(false, "qtype must be 2 (Q4_0), 3 (Q4_1) or 8 (Q8_0), got ", qtype);
+    case kQ4_0: case kQ8_0: return 2;
+    case kQ4_1: return 4;
+    case kF16: case kBF16: return 0;
+    default: TORCH_CHECK(false, "qtype must be 1 (F16), 2 (Q4_0), 3 (Q4_1), 8 (Q8_0) or 30 (BF16), got ", qtype);
   }
 }
 
-int64_t scales_bytes(int64_t qtype) { return (qtype == kQ4_1 ? 4 : 2) * kCols; }  // d (and m) of 64 columns
-
-int64_t tile_bytes(int64_t qtype) { return kCols * (block_bytes(qtype) - (qtype == kQ4_1 ? 4 : 2)) + scales_bytes(qtype); }
+// One payload row of a tile holds one element per column: a byte of two nibbles (Q4: k = j and j + 16), a
+// signed byte (Q8_0) or a 16-bit float (F16, BF16), at k = j.
+int64_t element_bytes(int64_t qtype) { return qtype == kF16 || qtype == kBF16 ? 2 : 1; }
+int64_t payload_rows(int64_t qtype) { return qtype == kQ4_0 || qtype == kQ4_1 ? kBlock / 2 : kBlock; }
+int64_t block_bytes(int64_t qtype) { return scale_bytes(qtype) + payload_rows(qtype) * element_bytes(qtype); }
+int64_t scales_bytes(int64_t qtype) { return scale_bytes(qtype) * kCols; }  // a tile's d[64] (and m[64])
+int64_t tile_bytes(int64_t qtype) { return block_bytes(qtype) * kCols; }
 
 inline void halves_to_floats(const uint8_t* h, float* f) {  // 64 float16 -> float32 (exact)
 #ifdef __F16C__
@@ -67,9 +75,26 @@ inline void halves_to_floats(const uint8_t* h, float* f) {  // 64 float16 -> flo
 #endif
 }
 
+// A 16-bit float of the file as float32 (exact): IEEE half (F16) or bfloat16 (BF16).
+template <int64_t Q>
+inline float half_value(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  if constexpr (Q == kF16) return c10::detail::fp16_ieee_to_fp32_value(h);
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 // One tile -> s (32, 64) float32, row k = the 64 columns' weights at k.
 template <int64_t Q>
 inline void dequantize_tile_scalar(const uint8_t* __restrict tile, float* __restrict s) {
+  if constexpr (Q == kF16 || Q == kBF16) {
+    for (int64_t k = 0; k < kBlock; ++k)
+      for (int64_t c = 0; c < kCols; ++c) s[k * kCols + c] = half_value<Q>(tile + 2 * (k * kCols + c));
+    return;
+  }
   alignas(64) float d[kCols], m[kCols];
   halves_to_floats(tile, d);
   if constexpr (Q == kQ4_1) halves_to_floats(tile + 2 * kCols, m);
@@ -99,6 +124,10 @@ inline void dequantize_tile_scalar(const uint8_t* __restrict tile, float* __rest
 // Column c of one tile -> its 32 weights, with dequantize_tile's operations (so the same bits).
 template <int64_t Q>
 inline void dequantize_column(const uint8_t* tile, int64_t c, float* out) {
+  if constexpr (Q == kF16 || Q == kBF16) {
+    for (int64_t k = 0; k < kBlock; ++k) out[k] = half_value<Q>(tile + 2 * (k * kCols + c));
+    return;
+  }
   uint16_t h[2];
   std::memcpy(&h[0], tile + 2 * c, 2);
   const float d = c10::detail::fp16_ieee_to_fp32_value(h[0]);
@@ -133,6 +162,7 @@ struct TileScales {
 template <int64_t Q>
 inline TileScales tile_scales(const uint8_t* tile) {
   TileScales s;
+  if constexpr (Q == kF16 || Q == kBF16) return s;  // no scales
   for (int v = 0; v < 4; ++v) {
     s.d[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32 * v)));
     if constexpr (Q == kQ4_1)
@@ -145,7 +175,11 @@ inline TileScales tile_scales(const uint8_t* tile) {
 // significand times one of at most 8 bits), so Q4_1's fma(d, q, m) rounds once, as d * q + m does.
 template <int64_t Q>
 inline __m512 tile_weights(const uint8_t* q, int64_t k, int v, const TileScales& s) {
-  if constexpr (Q == kQ8_0) {
+  if constexpr (Q == kF16 || Q == kBF16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 2 * (k * kCols + 16 * v)));
+    if constexpr (Q == kF16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (Q == kQ8_0) {
     const __m512i i = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * kCols + 16 * v)));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(i), s.d[v]);
   } else {
@@ -265,9 +299,11 @@ at::Tensor linear_q(const at::Tensor& x_in, const at::Tensor& packed, int64_t qt
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   switch (qtype) {
+    case kF16: run_q<kF16>(xp, w, o, T, K, G, n); break;
     case kQ4_0: run_q<kQ4_0>(xp, w, o, T, K, G, n); break;
     case kQ4_1: run_q<kQ4_1>(xp, w, o, T, K, G, n); break;
-    default: run_q<kQ8_0>(xp, w, o, T, K, G, n); break;
+    case kQ8_0: run_q<kQ8_0>(xp, w, o, T, K, G, n); break;
+    default: run_q<kBF16>(xp, w, o, T, K, G, n); break;
   }
   return out;
 }
@@ -281,15 +317,14 @@ at::Tensor pack_linear_q(const at::Tensor& raw_in, int64_t qtype) {
   auto packed = at::zeros({G, NB, tb}, raw.options());
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = packed.data_ptr<uint8_t>();
-  const int64_t scale_bytes = qtype == kQ4_1 ? 4 : 2;
+  const int64_t scales = scale_bytes(qtype), eb = element_bytes(qtype), rows = payload_rows(qtype);
   for (int64_t row = 0; row < N; ++row) {
     const int64_t g = row / kCols, c = row % kCols;
     for (int64_t b = 0; b < NB; ++b) {
       const uint8_t* block = src + (row * NB + b) * bb;
       uint8_t* tile = dst + (g * NB + b) * tb;
-      std::memcpy(tile + 2 * c, block, 2);                                    // d
-      if (qtype == kQ4_1) std::memcpy(tile + 2 * kCols + 2 * c, block + 2, 2);  // m
-      for (int64_t j = 0; j < bb - scale_bytes; ++j) tile[sb + j * kCols + c] = block[scale_bytes + j];
+      for (int64_t i = 0; i < scales; i += 2) std::memcpy(tile + i * kCols + 2 * c, block + i, 2);  // d, m
+      for (int64_t j = 0; j < rows; ++j) std::memcpy(tile + sb + (j * kCols + c) * eb, block + scales + j * eb, eb);
     }
   }
   return packed;
@@ -311,9 +346,11 @@ at::Tensor embedding_q(const at::Tensor& packed, int64_t qtype, const at::Tensor
       const uint8_t* tile = w + (g * NB + b) * tb;
       float* row = o + t * K + b * kBlock;
       switch (qtype) {
+        case kF16: dequantize_column<kF16>(tile, c, row); break;
         case kQ4_0: dequantize_column<kQ4_0>(tile, c, row); break;
         case kQ4_1: dequantize_column<kQ4_1>(tile, c, row); break;
-        default: dequantize_column<kQ8_0>(tile, c, row); break;
+        case kQ8_0: dequantize_column<kQ8_0>(tile, c, row); break;
+        default: dequantize_column<kBF16>(tile, c, row); break;
       }
     }
   }

@@ -193,9 +193,9 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     dtype None means float32 on CPU and bfloat16 elsewhere. Weights are converted on copy.
     `attention` picks the attention path (LlamaForCausalLM.set_attention), `linear` the packed matmul
     (LlamaForCausalLM.prepack_linears), `pointwise` the element-wise ops (LlamaForCausalLM.set_pointwise).
-    `weights` "auto" keeps a GGUF file's Q4_0, Q4_1 and Q8_0 tensors as stored where they can run
-    (batchlm/model/quantized.py: a float32 CPU model, `linear` "auto" or "kernel"); "dense" dequantizes
-    every tensor to `dtype`.
+    `weights` "auto" keeps a GGUF file's Q4_0, Q4_1, Q8_0, F16 and BF16 tensors as stored where they can
+    run (batchlm/model/quantized.py: a float32 CPU model, `linear` "auto" or "kernel"); "dense"
+    dequantizes every tensor to `dtype`.
     """
     if weights not in WEIGHTS_CHOICES:
         raise InvalidArgument("weights", f"must be one of {WEIGHTS_CHOICES}, got {weights!r}")

@@ -31,8 +31,8 @@ ARCHITECTURE = "llama"
 # mixes (Q4_K_M, Q5_K_M, Q6_K) put in a llama file.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-# The types batchlm::linear_q multiplies with as stored (batchlm/model/quantized.py), by ggml's numbers.
-QUANTIZED_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+# The types batchlm::linear_q multiplies as stored (batchlm/model/quantized.py), by ggml's numbers.
+QUANTIZED_TYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
 ROPE_FREQS = "rope_freqs.weight"  # not a weight of the model: its RoPE's per-frequency divisors
 _REQUIRED = object()
 
@@ -233,7 +233,7 @@ class GGUFWeights(Mapping):
         if hf_name not in self._names:
             raise KeyError(f"tensor {hf_name!r} missing from {self._file.path.name}")
         tensor = self._file._tensors[self._names[hf_name]]
-        if tensor.type_name not in QUANTIZED_TYPES:
+        if tensor.type_name not in QUANTIZED_TYPES or tensor.shape[-1] % 32:  # linear_q takes k 32 at a time
             return None
         raw = np.array(self._file.tensor_bytes(tensor))  # (N, K / 32 blocks), a copy off the mapped file
         proj = hf_name.rsplit(".", 2)[-2]

@@ -60,8 +60,8 @@ class Linear(nn.Module):
       rows (bfloat16) up on AMD Zen 4. So in bfloat16 the rows go through it at most `ROWS_PER_CALL` at a
       time, which is enough on those Intel CPUs only.
     - "auto": the kernel where it has vector code, else oneDNN, else dense.
-    `load_quantized` instead keeps a GGUF file's Q4_0, Q4_1 or Q8_0 blocks ("quantized": batchlm::linear_q,
-    batchlm/kernels/linear_quant.cpp), bit-identical to "kernel" over the dequantized weight.
+    `load_quantized` instead keeps a GGUF file's Q4_0, Q4_1, Q8_0, F16 or BF16 blocks ("quantized":
+    batchlm::linear_q, batchlm/kernels/linear_quant.cpp), bit-identical to "kernel" over the dequantized weight.
     """
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32) -> None:

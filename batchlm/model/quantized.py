@@ -1,11 +1,13 @@
-"""A GGUF file's Q4_0, Q4_1 and Q8_0 weights kept as the file stores them, multiplied without a float32 copy.
+"""A GGUF file's weights kept as the file stores them (Q4_0, Q4_1, Q8_0, F16, BF16), multiplied without a
+float32 copy.
 
 `load_quantized(model, weights)` gives every Linear whose tensors are all of one such type its blocks
 (Linear.load_quantized: batchlm::linear_q, batchlm/kernels/linear_quant.cpp), and the token embedding a
 lookup into them (QuantizedEmbedding: batchlm::embedding_q); the model's float32 copies of those weights are
 dropped unfilled. A weight is dequantized in registers as the `gguf` package (and so transformers) reads
 it, and every sum runs in batchlm::linear's order, so the model's outputs are bit-identical to the float32
-model on the dequantized file, at about a sixth of its memory (Q4_1: 5 bits a weight, Q8_0 8.5, against 32).
+model on the dequantized file, at a fraction of its memory (Q4_1: 5 bits a weight, Q8_0 8.5, F16 and BF16
+16, against 32).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def can_hold_quantized(model: nn.Module) -> bool:
 
 def load_quantized(model: nn.Module, weights: GGUFWeights) -> int:
     """Move every weight of `model` (a LlamaForCausalLM, before load_hf_state_dict) that the file holds in one
-    of QUANTIZED_TYPES to its blocks; returns how many modules moved. Fused projections (q/k/v, gate/up)
+    of QUANTIZED_TYPES (with rows of a multiple of 32 values) to its blocks; returns how many modules moved. Fused projections (q/k/v, gate/up)
     move only when all their tensors are of one type."""
     moved = 0
     for module, names in model.weight_plan():

@@ -39,14 +39,20 @@ def quantized(kind: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, t
     """(the blocks the gguf package writes for a random (n, k) matrix, their dequantization (n, k))."""
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) / k ** 0.5
     qtype = gguf.GGMLQuantizationType[kind]
-    raw = gguf.quants.quantize(w, qtype)
+    raw = gguf.quants.quantize(w, qtype).view(np.uint8).reshape(n, -1)
     return torch.from_numpy(raw), torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float32))
 
 
 def random_blocks(kind: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocks of random bytes (every nibble and byte value), with random finite float16 scales: normal,
-    subnormal, negative and zero."""
+    subnormal, negative and zero. F16 and BF16: random values with such rows."""
     qtype = gguf.GGMLQuantizationType[kind]
+    if kind in ("F16", "BF16"):
+        w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+        w[::7] *= 3e-6 if kind == "F16" else 1e-39  # subnormal in the type
+        w[::11] = 0
+        raw = gguf.quants.quantize(w, qtype).view(np.uint8).reshape(n, -1)
+        return torch.from_numpy(raw), torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float32))
     block_size, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, (n, k // block_size, block_bytes), dtype=np.uint8)
@@ -98,7 +104,7 @@ def test_a_row_does_not_depend_on_its_batch_or_the_threads(kind):
 def test_bad_arguments_are_refused_naming_what_is_wrong():
     raw, _ = quantized("Q4_1", 64, 64)
     packed = torch.ops.batchlm.pack_linear_q(raw, 3)
-    with pytest.raises(RuntimeError, match="qtype must be 2"):
+    with pytest.raises(RuntimeError, match="qtype must be 1"):
         torch.ops.batchlm.pack_linear_q(raw, 12)
     with pytest.raises(RuntimeError, match="features"):
         torch.ops.batchlm.linear_q(torch.zeros(1, 32), packed, 3, 64)
