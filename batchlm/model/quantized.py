@@ -41,8 +41,8 @@ def can_hold_quantized(model: nn.Module) -> bool:
 
 def load_quantized(model: nn.Module, weights: GGUFWeights) -> int:
     """Move every weight of `model` (a LlamaForCausalLM, before load_hf_state_dict) that the file holds in one
-    of QUANTIZED_TYPES (with rows of a multiple of 32 values) to its blocks; returns how many modules moved. Fused projections (q/k/v, gate/up)
-    move only when all their tensors are of one type."""
+    of QUANTIZED_TYPES (rows of a multiple of 32 values) to its blocks; returns how many modules moved.
+    Fused projections (q/k/v, gate/up) move only when all their tensors are of one type."""
     moved = 0
     for module, names in model.weight_plan():
         if not isinstance(module, Linear):
