@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "paged_attention.cpp", HERE / "linear.cpp", HERE / "linear_quant.cpp", HERE / "pointwise.cpp")
 # included by the sources: part of the library's key, not compiled alone
-HEADERS = (HERE / "scalar_math.h", HERE / "work_split.h", HERE / "linear_blocks.h")
+HEADERS = (HERE / "scalar_math.h", HERE / "work_split.h", HERE / "linear_blocks.h", HERE / "gguf_tiles.h")
 BUILD_DIR = HERE / "build"
 # NOTE: -march=native: the library is built on the machine that runs it (set-up), and its file name
 # carries the CPU's model and flags. No -ffast-math: the kernels' sums must keep their written order.

@@ -18,178 +18,27 @@
 // Exactness: a weight is dequantized as the gguf package (and so transformers) reads the file, in float32
 // with one rounding per operation: Q4_0 d * (q - 8), Q4_1 d * q + m (the product rounded, then the sum),
 // Q8_0 q * d; F16 and BF16 widen exactly. Up to kFusedMaxRows rows, a group's weights are dequantized in
-// registers as they are multiplied; beyond, each group of 64 columns is dequantized into a float32 (K, 64)
-// group in a per-thread scratch and multiplied by linear.cpp's float32 register blocks. Either way every
-// output is the same fma chain over k as batchlm::linear over the dequantized W: bit-identical to it, and
-// batch-invariant as it is.
+// registers as they are multiplied (block_q); beyond, each tile is dequantized once into an L1 buffer and
+// multiplied by every row of the chunk, 6 rows at a time, their sums carried from tile to tile
+// (tile_block). Either way every output is the same fma chain over k as batchlm::linear over the
+// dequantized W (acc = fma(x[k], w[k], acc) from zero, k ascending): bit-identical to it, and
+// batch-invariant as it is. Without AVX-512, a group is dequantized whole into a scratch and multiplied by
+// linear.cpp's register blocks (the same chain).
 //
 // Why: a decode step streams every weight. Q4_1 is 5 bits a weight (Q4_0 4.5, Q8_0 8.5, F16/BF16 16)
 // against float32's 32, so at small batches, where the step waits on memory, it reads a sixth of the
-// bytes. A group is dequantized once per chunk of rows (kChunk), so at large batches the dequantization
-// is spread over many rows of multiply-adds.
+// bytes. Dequantizing costs about as much as a row's multiply-adds, so past a few rows it is done once
+// per tile and chunk (kChunk rows) and spread over all of them.
 
-#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <vector>
 
-#include "linear_blocks.h"
-
-// NOTE: GCC 12 reports _mm512_cvtepi32_ps's own `_mm512_undefined_ps()` pass-through (an unused operand of
-// the unmasked form) as maybe uninitialized once it is inlined into the Q8_0 loops.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "gguf_tiles.h"
 
 namespace {
 
-constexpr int64_t kBlock = 32;  // weights per GGUF block along k
-
-enum QType : int64_t { kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kBF16 = 30 };
-
-int64_t scale_bytes(int64_t qtype) {  // the float16 scales that open one block of 32 in the file: d (and m)
-  switch (qtype) {
-    case kQ4_0: case kQ8_0: return 2;
-    case kQ4_1: return 4;
-    case kF16: case kBF16: return 0;
-    default: TORCH_CHECK(false, "qtype must be 1 (F16), 2 (Q4_0), 3 (Q4_1), 8 (Q8_0) or 30 (BF16), got ", qtype);
-  }
-}
-
-// One payload row of a tile holds one element per column: a byte of two nibbles (Q4: k = j and j + 16), a
-// signed byte (Q8_0) or a 16-bit float (F16, BF16), at k = j.
-int64_t element_bytes(int64_t qtype) { return qtype == kF16 || qtype == kBF16 ? 2 : 1; }
-int64_t payload_rows(int64_t qtype) { return qtype == kQ4_0 || qtype == kQ4_1 ? kBlock / 2 : kBlock; }
-int64_t block_bytes(int64_t qtype) { return scale_bytes(qtype) + payload_rows(qtype) * element_bytes(qtype); }
-int64_t scales_bytes(int64_t qtype) { return scale_bytes(qtype) * kCols; }  // a tile's d[64] (and m[64])
-int64_t tile_bytes(int64_t qtype) { return block_bytes(qtype) * kCols; }
-
-inline void halves_to_floats(const uint8_t* h, float* f) {  // 64 float16 -> float32 (exact)
-#ifdef __F16C__
-  for (int i = 0; i < kCols; i += 8)
-    _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 2 * i))));
-#else
-  for (int i = 0; i < kCols; ++i) {
-    uint16_t v;
-    std::memcpy(&v, h + 2 * i, 2);
-    f[i] = c10::detail::fp16_ieee_to_fp32_value(v);
-  }
-#endif
-}
-
-// A 16-bit float of the file as float32 (exact): IEEE half (F16) or bfloat16 (BF16).
-template <int64_t Q>
-inline float half_value(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  if constexpr (Q == kF16) return c10::detail::fp16_ieee_to_fp32_value(h);
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// One tile -> s (32, 64) float32, row k = the 64 columns' weights at k.
-template <int64_t Q>
-inline void dequantize_tile_scalar(const uint8_t* __restrict tile, float* __restrict s) {
-  if constexpr (Q == kF16 || Q == kBF16) {
-    for (int64_t k = 0; k < kBlock; ++k)
-      for (int64_t c = 0; c < kCols; ++c) s[k * kCols + c] = half_value<Q>(tile + 2 * (k * kCols + c));
-    return;
-  }
-  alignas(64) float d[kCols], m[kCols];
-  halves_to_floats(tile, d);
-  if constexpr (Q == kQ4_1) halves_to_floats(tile + 2 * kCols, m);
-  const uint8_t* q = tile + scales_bytes(Q);
-  if constexpr (Q == kQ8_0) {
-    for (int64_t k = 0; k < kBlock; ++k)
-      for (int64_t c = 0; c < kCols; ++c)
-        s[k * kCols + c] = static_cast<float>(static_cast<int8_t>(q[k * kCols + c])) * d[c];
-    return;
-  }
-  for (int64_t j = 0; j < kBlock / 2; ++j) {
-    float* lo = s + j * kCols;
-    float* hi = s + (j + kBlock / 2) * kCols;
-    for (int64_t c = 0; c < kCols; ++c) {
-      const int32_t byte = q[j * kCols + c];
-      if constexpr (Q == kQ4_1) {
-        lo[c] = d[c] * static_cast<float>(byte & 15) + m[c];
-        hi[c] = d[c] * static_cast<float>(byte >> 4) + m[c];
-      } else {
-        lo[c] = d[c] * static_cast<float>((byte & 15) - 8);
-        hi[c] = d[c] * static_cast<float>((byte >> 4) - 8);
-      }
-    }
-  }
-}
-
-// Column c of one tile -> its 32 weights, with dequantize_tile's operations (so the same bits).
-template <int64_t Q>
-inline void dequantize_column(const uint8_t* tile, int64_t c, float* out) {
-  if constexpr (Q == kF16 || Q == kBF16) {
-    for (int64_t k = 0; k < kBlock; ++k) out[k] = half_value<Q>(tile + 2 * (k * kCols + c));
-    return;
-  }
-  uint16_t h[2];
-  std::memcpy(&h[0], tile + 2 * c, 2);
-  const float d = c10::detail::fp16_ieee_to_fp32_value(h[0]);
-  const uint8_t* q = tile + scales_bytes(Q);
-  if constexpr (Q == kQ8_0) {
-    for (int64_t k = 0; k < kBlock; ++k) out[k] = static_cast<float>(static_cast<int8_t>(q[k * kCols + c])) * d;
-    return;
-  }
-  float m = 0.0f;
-  if constexpr (Q == kQ4_1) {
-    std::memcpy(&h[1], tile + 2 * kCols + 2 * c, 2);
-    m = c10::detail::fp16_ieee_to_fp32_value(h[1]);
-  }
-  for (int64_t j = 0; j < kBlock / 2; ++j) {
-    const int32_t byte = q[j * kCols + c];
-    if constexpr (Q == kQ4_1) {
-      out[j] = d * static_cast<float>(byte & 15) + m;
-      out[j + kBlock / 2] = d * static_cast<float>(byte >> 4) + m;
-    } else {
-      out[j] = d * static_cast<float>((byte & 15) - 8);
-      out[j + kBlock / 2] = d * static_cast<float>((byte >> 4) - 8);
-    }
-  }
-}
-
 #ifdef __AVX512F__
-// A tile's d (and m) as float32 vectors of 16 columns each (exact conversions).
-struct TileScales {
-  __m512 d[4], m[4];
-};
-
-template <int64_t Q>
-inline TileScales tile_scales(const uint8_t* tile) {
-  TileScales s;
-  if constexpr (Q == kF16 || Q == kBF16) return s;  // no scales
-  for (int v = 0; v < 4; ++v) {
-    s.d[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32 * v)));
-    if constexpr (Q == kQ4_1)
-      s.m[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 2 * kCols + 32 * v)));
-  }
-  return s;
-}
-
-// Columns 16v .. 16v+15 of a tile's q at k (< 32), dequantized. d * q is exact in float32 (an 11-bit
-// significand times one of at most 8 bits), so Q4_1's fma(d, q, m) rounds once, as d * q + m does.
-template <int64_t Q>
-inline __m512 tile_weights(const uint8_t* q, int64_t k, int v, const TileScales& s) {
-  if constexpr (Q == kF16 || Q == kBF16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 2 * (k * kCols + 16 * v)));
-    if constexpr (Q == kF16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  } else if constexpr (Q == kQ8_0) {
-    const __m512i i = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * kCols + 16 * v)));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(i), s.d[v]);
-  } else {
-    __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + (k & 15) * kCols + 16 * v)));
-    i = k < kBlock / 2 ? _mm512_and_si512(i, _mm512_set1_epi32(15)) : _mm512_srli_epi32(i, 4);
-    if constexpr (Q == kQ4_1) return _mm512_fmadd_ps(s.d[v], _mm512_cvtepi32_ps(i), s.m[v]);
-    return _mm512_mul_ps(s.d[v], _mm512_cvtepi32_ps(_mm512_sub_epi32(i, _mm512_set1_epi32(8))));
-  }
-}
-
 // Rows r .. r + R of x (row stride K) times one group of NB tiles, dequantized in registers as they are
 // read: for a few rows this skips the scratch group's store and reload. The sums are block_f32's: acc =
 // fma(x[k], w[k], acc) for k ascending.
@@ -205,20 +54,48 @@ void block_q(const float* __restrict x, int64_t K, const uint8_t* __restrict gro
     const TileScales s = tile_scales<Q>(tile);
     const uint8_t* q = tile + scales_bytes(Q);
     const float* xb = x + b * kBlock;
-    for (int64_t k = 0; k < kBlock; ++k) {
+    for_each_k<Q>([&](auto hi, int64_t k) {
       __m512 w[4];
-      for (int v = 0; v < 4; ++v) w[v] = tile_weights<Q>(q, k, v, s);
+      for (int v = 0; v < 4; ++v) w[v] = tile_weights<Q, hi>(q, k, v, s);
       for (int r = 0; r < R; ++r) {
         const __m512 xr = _mm512_set1_ps(xb[r * K + k]);
         for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(xr, w[v], acc[r][v]);
       }
-    }
+    });
   }
   for (int r = 0; r < R; ++r) store_cols(out + r * n, acc[r], ncols);
 }
 
+// Rows r .. r + R of x (from k = 32b; row stride K) times one dequantized tile s (32, 64), carrying each
+// row's 64 sums in `part` (R x 64: not read for the first tile, stored after each): the same fma chain
+// over k as block_f32, a tile at a time, with the tile and the sums in L1.
+template <int R>
+void tile_block(const float* __restrict x, int64_t K, const float* __restrict s, float* __restrict part, bool first) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + r * kCols + 16 * v);
+  for (int64_t k = 0; k < kBlock; ++k) {
+    const float* wk = s + k * kCols;
+    const __m512 w0 = _mm512_load_ps(wk), w1 = _mm512_load_ps(wk + 16), w2 = _mm512_load_ps(wk + 32),
+                 w3 = _mm512_load_ps(wk + 48);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * K + k]);
+      acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(xb, w2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(xb, w3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(part + r * kCols + 16 * v, acc[r][v]);
+}
+
+using TileBlockFn = void (*)(const float*, int64_t, const float*, float*, bool);
+constexpr TileBlockFn kTileBlocks[kRows + 1] = {nullptr,       tile_block<1>, tile_block<2>, tile_block<3>,
+                                                tile_block<4>, tile_block<5>, tile_block<6>};
+
 constexpr int kFusedRows = 4;  // 16 accumulators + 8 scales + 4 weights + a broadcast: 29 of 32 registers
-constexpr int64_t kFusedMaxRows = 8;  // a chunk of up to this many rows skips the scratch group
+constexpr int64_t kFusedMaxRows = 4;  // a chunk of up to this many rows skips the scratch group
 
 template <int64_t Q>
 using FusedFn = void (*)(const float*, int64_t, const uint8_t*, float*, int64_t, int64_t);
@@ -228,24 +105,6 @@ constexpr FusedFn<Q> kFused[kFusedRows + 1] = {nullptr, block_q<Q, 1>, block_q<Q
                                                 block_q<Q, 4>};
 #endif
 
-template <int64_t Q>
-inline void dequantize_tile(const uint8_t* __restrict tile, float* __restrict s) {
-#ifdef __AVX512F__
-  const TileScales sc = tile_scales<Q>(tile);
-  const uint8_t* q = tile + scales_bytes(Q);
-  for (int64_t k = 0; k < kBlock; ++k)
-    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(s + k * kCols + 16 * v, tile_weights<Q>(q, k, v, sc));
-#else
-  dequantize_tile_scalar<Q>(tile, s);
-#endif
-}
-
-template <int64_t Q>
-void dequantize_group(const uint8_t* group, int64_t NB, float* s) {
-  const int64_t tile = tile_bytes(Q);
-  for (int64_t b = 0; b < NB; ++b) dequantize_tile<Q>(group + b * tile, s + b * kBlock * kCols);
-}
-
 // Rows in chunks of kChunk; in each chunk the threads share out the groups, and each group is dequantized
 // into the thread's scratch and multiplied by the chunk's rows kRows at a time (linear.cpp's `run`).
 template <int64_t Q>
@@ -254,7 +113,6 @@ void run_q(const float* x, const uint8_t* w, float* out, int64_t T, int64_t K, i
   for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
     const int64_t rows = std::min(kChunk, T - t0);
     batchlm::for_each_item(G, [] { return 0; }, [&](int, int64_t g, int64_t) {
-      // NOTE: kept by the thread across calls: a fresh buffer per call would be mapped and faulted in anew.
       const uint8_t* group = w + g * group_bytes;
       const int64_t ncols = std::min(kCols, n - g * kCols);
 #ifdef __AVX512F__
@@ -265,7 +123,18 @@ void run_q(const float* x, const uint8_t* w, float* out, int64_t T, int64_t K, i
         }
         return;
       }
-#endif
+      // NOTE: kept by the thread across calls: a fresh buffer per call would be mapped and faulted in anew.
+      thread_local std::vector<float> sums(kChunk * kCols);
+      alignas(64) float tile[kBlock * kCols];
+      for (int64_t b = 0; b < NB; ++b) {
+        dequantize_tile<Q>(group + b * tile_bytes(Q), tile);
+        for (int64_t r = 0; r < rows; r += kRows) {
+          const int R = static_cast<int>(std::min<int64_t>(kRows, rows - r));
+          kTileBlocks[R](x + (t0 + r) * K + b * kBlock, K, tile, sums.data() + r * kCols, b == 0);
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(out + (t0 + r) * n + g * kCols, sums.data() + r * kCols, ncols * 4);
+#else
       thread_local std::vector<float> scratch;
       if (static_cast<int64_t>(scratch.size()) < K * kCols) scratch.resize(K * kCols);
       dequantize_group<Q>(group, NB, scratch.data());
@@ -274,6 +143,7 @@ void run_q(const float* x, const uint8_t* w, float* out, int64_t T, int64_t K, i
         kF32Blocks[R](x + (t0 + r) * K, K, scratch.data(), Prefetch{nullptr, 0, 1}, out + (t0 + r) * n + g * kCols,
                       n, ncols);
       }
+#endif
     });
   }
 }
