@@ -209,6 +209,8 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
             and can_hold_quantized(model):
         load_quantized(model, tensors)
     model.load_hf_state_dict(tensors)
+    if isinstance(tensors, GGUFWeights):
+        tensors.unmap()
     model.prepack_linears(linear)  # no-op off CPU
     model.set_attention(attention)
     model.set_pointwise(pointwise)

@@ -142,6 +142,11 @@ class GGUFFile:
     def _map(self) -> np.ndarray:
         return np.memmap(self.path, dtype=np.uint8, mode="r")
 
+    def unmap(self) -> None:
+        """Drop the file's mapping (mapped again if a tensor is read later): a loaded model holds copies, and
+        the pages it touched would otherwise stay in the process's resident set."""
+        self.__dict__.pop("_map", None)
+
     def tensor_bytes(self, tensor: "TensorInfo") -> np.ndarray:
         """The tensor's stored bytes (a read-only view of the mapped file), one row of blocks per row."""
         rows = int(np.prod(tensor.shape[:-1])) if len(tensor.shape) > 1 else 1
@@ -227,6 +232,10 @@ class GGUFWeights(Mapping):
 
         return torch.from_numpy(np.ascontiguousarray(values))
 
+    def unmap(self) -> None:
+        """See GGUFFile.unmap: once the model holds what it read."""
+        self._file.unmap()
+
     def quantized(self, hf_name: str) -> tuple[str, np.ndarray] | None:
         """(type name, the stored blocks as a (rows, row bytes) uint8 copy in Hugging Face row order) where
         the tensor's type is one of QUANTIZED_TYPES; None for any other type."""
@@ -235,7 +244,11 @@ class GGUFWeights(Mapping):
         tensor = self._file._tensors[self._names[hf_name]]
         if tensor.type_name not in QUANTIZED_TYPES or tensor.shape[-1] % 32:  # linear_q takes k 32 at a time
             return None
-        raw = np.array(self._file.tensor_bytes(tensor))  # (N, K / 32 blocks), a copy off the mapped file
+        # NOTE: read, not mapped: the mapped file's pages would stay resident beside the packed copy
+        raw = np.fromfile(self._file.path, np.uint8, count=tensor.nbytes, offset=tensor.offset)
+        if raw.size != tensor.nbytes:
+            raise InvalidArgument(tensor.name, f"the file ends inside its data ({raw.size} of {tensor.nbytes} bytes)")
+        raw = raw.reshape(tensor.shape[0], -1)  # (N, K / 32 blocks)
         proj = hf_name.rsplit(".", 2)[-2]
         if proj in self._heads:
             raw = np.ascontiguousarray(_unpermute_rope_rows(raw, self._heads[proj]))
