@@ -236,14 +236,24 @@ class GGUFWeights(Mapping):
         """See GGUFFile.unmap: once the model holds what it read."""
         self._file.unmap()
 
-    def quantized(self, hf_name: str) -> tuple[str, np.ndarray] | None:
-        """(type name, the stored blocks as a (rows, row bytes) uint8 copy in Hugging Face row order) where
-        the tensor's type is one of QUANTIZED_TYPES; None for any other type."""
+    def kept_type(self, hf_name: str) -> str | None:
+        """The tensor's type if it is one of QUANTIZED_TYPES with rows of a multiple of 32 values (what
+        `quantized` returns blocks for), else None."""
         if hf_name not in self._names:
             raise KeyError(f"tensor {hf_name!r} missing from {self._file.path.name}")
         tensor = self._file._tensors[self._names[hf_name]]
-        if tensor.type_name not in QUANTIZED_TYPES or tensor.shape[-1] % 32:  # linear_q takes k 32 at a time
+        return tensor.type_name if tensor.type_name in QUANTIZED_TYPES and tensor.shape[-1] % 32 == 0 else None
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def quantized(self, hf_name: str) -> tuple[str, np.ndarray] | None:
+        """(type name, the stored blocks as a (rows, row bytes) uint8 copy in Hugging Face row order) where
+        the tensor's type is one of QUANTIZED_TYPES; None for any other type."""
+        if self.kept_type(hf_name) is None:  # not a type linear_q reads, or rows it cannot take 32 at a time
             return None
+        tensor = self._file._tensors[self._names[hf_name]]
         # NOTE: read, not mapped: the mapped file's pages would stay resident beside the packed copy
         raw = np.fromfile(self._file.path, np.uint8, count=tensor.nbytes, offset=tensor.offset)
         if raw.size != tensor.nbytes:

@@ -112,8 +112,14 @@ class Linear(nn.Module):
         (one of QUANTIZED_TYPES), packed for batchlm::linear_q; the dense weight is dropped."""
         if raw.shape[0] != self.out_features:
             raise ValueError(f"{qtype} blocks for {raw.shape[0]} rows do not fit {self.out_features}")
-        self.packed = torch.ops.batchlm.pack_linear_q(raw, QUANTIZED_TYPES[qtype])
-        self.backend, self.qtype, self.weight = "quantized", qtype, None
+        self.set_packed(qtype, torch.ops.batchlm.pack_linear_q(raw, QUANTIZED_TYPES[qtype]))
+
+    def set_packed(self, qtype: str, packed: torch.Tensor) -> None:
+        """Hold `packed` (pack_linear_q of this weight's blocks of type `qtype`); the dense weight is dropped."""
+        groups = -(-self.out_features // 64)
+        if packed.dim() != 3 or packed.shape[0] != groups:
+            raise ValueError(f"packed {qtype} blocks {tuple(packed.shape)} do not fit {self.out_features} rows")
+        self.packed, self.backend, self.qtype, self.weight = packed, "quantized", qtype, None
 
 
 _PACK_FOR_ROWS = 8  # oneDNN picks its blocked layout for this many input rows (a decode batch)

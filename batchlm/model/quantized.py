@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from batchlm import kernels
+from batchlm.model.shared_pack import SharedPack
 from batchlm.model.gguf_file import QUANTIZED_TYPES, GGUFWeights
 from batchlm.model.model import Linear
 
@@ -39,28 +40,48 @@ def can_hold_quantized(model: nn.Module) -> bool:
     return model.device.type == "cpu" and model.dtype is torch.float32 and kernels.linear_q_is_native()
 
 
-def load_quantized(model: nn.Module, weights: GGUFWeights) -> int:
+def load_quantized(model: nn.Module, weights: GGUFWeights, share: bool = True) -> int:
     """Move every weight of `model` (a LlamaForCausalLM, before load_hf_state_dict) that the file holds in one
     of QUANTIZED_TYPES (rows of a multiple of 32 values) to its blocks; returns how many modules moved.
-    Fused projections (q/k/v, gate/up) move only when all their tensors are of one type."""
-    moved = 0
+    Fused projections (q/k/v, gate/up) move only when all their tensors are of one type.
+
+    With `share`, the packed blocks are written once beside the file (SharedPack) and every process maps
+    that copy read-only, so the models of one server hold the weights once in memory."""
+    targets = _targets(model, weights)
+    packed = SharedPack(weights.path, targets).load(lambda: _pack(weights, targets)) if share else None
+    if packed is None:
+        packed = _pack(weights, targets)
+    for (module, qtype, _), blocks in zip(targets, packed):
+        if isinstance(module, Linear):
+            module.set_packed(qtype, blocks)
+        else:
+            model.embed_tokens = QuantizedEmbedding(blocks, qtype)
+    if model.config.tie_word_embeddings and model.lm_head.backend == "quantized":
+        model.embed_tokens = QuantizedEmbedding(model.lm_head.packed, model.lm_head.qtype)  # the same blocks
+        return len(targets) + 1
+    return len(targets)
+
+
+Target = tuple[nn.Module, str, tuple[str, ...]]  # (Linear or the embedding, GGUF type, HF tensor names)
+
+
+def _targets(model: nn.Module, weights: GGUFWeights) -> list[Target]:
+    """What moves: each Linear whose tensors are all of one kept type, and an untied embedding of one."""
+    targets: list[Target] = []
     for module, names in model.weight_plan():
-        if not isinstance(module, Linear):
-            continue
-        parts = [weights.quantized(name) for name in names]
-        if any(p is None for p in parts) or len({p[0] for p in parts}) != 1:
-            continue
-        raw = torch.cat([torch.from_numpy(p[1]) for p in parts])  # (out_features, blocks' bytes)
-        module.load_quantized(parts[0][0], raw)
-        moved += 1
-    lm_head = model.lm_head
-    if model.config.tie_word_embeddings and lm_head.backend == "quantized":
-        model.embed_tokens = QuantizedEmbedding(lm_head.packed, lm_head.qtype)  # the same blocks, shared
-        return moved + 1
-    embedding = weights.quantized("model.embed_tokens.weight")
-    if embedding is not None:
-        qtype, raw = embedding
-        model.embed_tokens = QuantizedEmbedding(
-            torch.ops.batchlm.pack_linear_q(torch.from_numpy(raw), QUANTIZED_TYPES[qtype]), qtype)
-        moved += 1
-    return moved
+        types = {weights.kept_type(name) for name in names}
+        if isinstance(module, Linear) and len(types) == 1 and None not in types:
+            targets.append((module, types.pop(), names))
+    embedding = "model.embed_tokens.weight"
+    qtype = weights.kept_type(embedding)
+    if qtype is not None and not model.config.tie_word_embeddings:
+        targets.append((model.embed_tokens, qtype, (embedding,)))
+    return targets
+
+
+def _pack(weights: GGUFWeights, targets: list[Target]) -> list[torch.Tensor]:
+    packed = []
+    for _, qtype, names in targets:
+        raw = torch.cat([torch.from_numpy(weights.quantized(name)[1]) for name in names])  # (N, blocks' bytes)
+        packed.append(torch.ops.batchlm.pack_linear_q(raw, QUANTIZED_TYPES[qtype]))
+    return packed

@@ -5,6 +5,8 @@ log-probability for log-probability), whatever the batch, the register block, th
 
 from __future__ import annotations
 
+import os
+
 import gguf
 import numpy as np
 import pytest
@@ -162,3 +164,25 @@ def test_dense_weights_and_other_paths_dequantize_the_file(files):
         load_model(files["Q4_1"], weights="int4")
     with pytest.raises(InvalidArgument, match="weights"):
         EngineConfig(weights="int4")
+
+
+def test_loads_of_one_file_map_one_shared_pack(files, tmp_path):
+    """The first load writes the packed blocks beside the file; later loads (the other models' processes)
+    map that copy read-only. A changed file gets a new pack and the old one is removed."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(files["Q4_1"].read_bytes())
+    first = load_model(path)
+    packs = sorted(p.name for p in tmp_path.glob(".model.gguf.packed-*") if not p.name.endswith(("json", "lock")))
+    assert len(packs) == 1
+    written = (tmp_path / packs[0]).stat().st_mtime_ns
+    second = load_model(path)
+    assert (tmp_path / packs[0]).stat().st_mtime_ns == written
+    with open("/proc/self/maps") as maps:  # "start-end perms offset dev inode path": mapped, read-only
+        lines = [ln.split() for ln in maps if ln.rstrip().endswith(str(tmp_path / packs[0]))]
+    assert lines and all(ln[1].startswith("r-") for ln in lines)
+    assert torch.equal(first.lm_head.packed, second.lm_head.packed)
+    assert answers(path, "auto") == answers(path, "dense")
+    os.utime(path, ns=(written + 10**9, written + 10**9))
+    load_model(path)
+    now = [p.name for p in tmp_path.glob(".model.gguf.packed-*") if not p.name.endswith(("json", "lock"))]
+    assert len(now) == 1 and now != packs
