@@ -221,7 +221,8 @@ def load_parts(model_dir: str | Path, config: EngineConfig) -> tuple[torch.nn.Mo
     """Load the model (on config's device and dtype) and the tokenizer from a checkpoint dir."""
     _set_threads(config)
     model = load_model(model_dir, device=config.device, dtype=getattr(torch, config.resolved_dtype),
-                       attention=config.attention, linear=config.linear, pointwise=config.pointwise)
+                       attention=config.attention, linear=config.linear, pointwise=config.pointwise,
+                       weights=config.weights)
     return model, Tokenizer.from_dir(model_dir)
 
 

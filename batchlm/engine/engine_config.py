@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from batchlm.errors import InvalidArgument
-from batchlm.model.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS
+from batchlm.model.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS, WEIGHTS_CHOICES
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -30,6 +30,10 @@ class EngineConfig:
     linear: str = "auto"                  # "kernel" (native CPU op, batch-invariant; float32 on AVX-512
                                           # or AVX2, bfloat16 on AVX-512 BF16), "onednn" (packed oneDNN matmul),
                                           # "auto": the kernel where it has vector code
+    weights: str = "auto"                 # "auto": a GGUF file's Q4_0/Q4_1/Q8_0/F16/BF16 tensors stay as
+                                          # stored and are multiplied by batchlm::linear_q (float32 CPU
+                                          # models; the same bits as "dense" at a fraction of the memory);
+                                          # "dense": dequantized at load
     pointwise: str = "auto"               # RMSNorm, SiLU-and-multiply, RoPE and the KV write: "kernel"
                                           # (native CPU ops, one pass each), "torch" (torch's ops),
                                           # "auto": the kernels where they are built and can run
@@ -57,6 +61,8 @@ class EngineConfig:
             raise InvalidArgument("attention", f"must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
         if self.linear not in LINEAR_BACKENDS:
             raise InvalidArgument("linear", f"must be one of {LINEAR_BACKENDS}, got {self.linear!r}")
+        if self.weights not in WEIGHTS_CHOICES:
+            raise InvalidArgument("weights", f"must be one of {WEIGHTS_CHOICES}, got {self.weights!r}")
         if self.pointwise not in POINTWISE_BACKENDS:
             raise InvalidArgument("pointwise", f"must be one of {POINTWISE_BACKENDS}, got {self.pointwise!r}")
         _require_int("num_threads", self.num_threads, minimum=0)

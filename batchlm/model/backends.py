@@ -8,3 +8,5 @@ Imports nothing, so the engine's configuration reads them without loading torch.
 ATTENTION_BACKENDS = ("auto", "kernel", "torch")
 LINEAR_BACKENDS = ("auto", "kernel", "onednn")
 POINTWISE_BACKENDS = ("auto", "kernel", "torch")
+# GGUF Q4_0/Q4_1/Q8_0/F16/BF16 tensors kept as stored where they can run, or dequantized (load_model)
+WEIGHTS_CHOICES = ("auto", "dense")

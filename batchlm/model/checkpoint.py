@@ -18,8 +18,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from batchlm.errors import InvalidArgument
+from batchlm.model.gguf_file import GGUFWeights
 from batchlm.model.model import LlamaForCausalLM
 from batchlm.model.model_config import ModelConfig
+from batchlm.model.backends import WEIGHTS_CHOICES
+from batchlm.model.quantized import can_hold_quantized, load_quantized
 
 # Bump when the bytes write_default_checkpoint produces for a given seed change.
 FORMAT_VERSION = 2  # 2: tokenizer_config.json has a chat_template
@@ -182,20 +186,31 @@ def train_tokenizer(seed: int, vocab_size: int):
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None, attention: str = "auto",
-               linear: str = "auto", pointwise: str = "auto") -> LlamaForCausalLM:
+               linear: str = "auto", pointwise: str = "auto", weights: str = "auto") -> LlamaForCausalLM:
     """Load a Llama-family checkpoint from local disk (a HF folder or a GGUF file), in eval mode; `.config`
     is its ModelConfig.
 
     dtype None means float32 on CPU and bfloat16 elsewhere. Weights are converted on copy.
     `attention` picks the attention path (LlamaForCausalLM.set_attention), `linear` the packed matmul
     (LlamaForCausalLM.prepack_linears), `pointwise` the element-wise ops (LlamaForCausalLM.set_pointwise).
+    `weights` "auto" keeps a GGUF file's Q4_0, Q4_1, Q8_0, F16 and BF16 tensors as stored where they can
+    run (batchlm/model/quantized.py: a float32 CPU model, `linear` "auto" or "kernel"); "dense"
+    dequantizes every tensor to `dtype`.
     """
+    if weights not in WEIGHTS_CHOICES:
+        raise InvalidArgument("weights", f"must be one of {WEIGHTS_CHOICES}, got {weights!r}")
     config = ModelConfig.from_dir(model_dir)
     device = torch.device(device)
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = LlamaForCausalLM(config, device=device, dtype=dtype)
-    model.load_hf_state_dict(checkpoint_weights(model_dir))
+    tensors = checkpoint_weights(model_dir)
+    if weights == "auto" and linear in ("auto", "kernel") and isinstance(tensors, GGUFWeights) \
+            and can_hold_quantized(model):
+        load_quantized(model, tensors)
+    model.load_hf_state_dict(tensors)
+    if isinstance(tensors, GGUFWeights):
+        tensors.unmap()
     model.prepack_linears(linear)  # no-op off CPU
     model.set_attention(attention)
     model.set_pointwise(pointwise)

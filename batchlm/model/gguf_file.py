@@ -31,6 +31,8 @@ ARCHITECTURE = "llama"
 # mixes (Q4_K_M, Q5_K_M, Q6_K) put in a llama file.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# The types batchlm::linear_q multiplies as stored (batchlm/model/quantized.py), by ggml's numbers.
+QUANTIZED_TYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
 ROPE_FREQS = "rope_freqs.weight"  # not a weight of the model: its RoPE's per-frequency divisors
 _REQUIRED = object()
 
@@ -140,6 +142,11 @@ class GGUFFile:
     def _map(self) -> np.ndarray:
         return np.memmap(self.path, dtype=np.uint8, mode="r")
 
+    def unmap(self) -> None:
+        """Drop the file's mapping (mapped again if a tensor is read later): a loaded model holds copies, and
+        the pages it touched would otherwise stay in the process's resident set."""
+        self.__dict__.pop("_map", None)
+
     def tensor_bytes(self, tensor: "TensorInfo") -> np.ndarray:
         """The tensor's stored bytes (a read-only view of the mapped file), one row of blocks per row."""
         rows = int(np.prod(tensor.shape[:-1])) if len(tensor.shape) > 1 else 1
@@ -224,6 +231,38 @@ class GGUFWeights(Mapping):
         import torch  # NOTE: here, not at the top: the tokenizer and config readers (Locust users) need no torch
 
         return torch.from_numpy(np.ascontiguousarray(values))
+
+    def unmap(self) -> None:
+        """See GGUFFile.unmap: once the model holds what it read."""
+        self._file.unmap()
+
+    def kept_type(self, hf_name: str) -> str | None:
+        """The tensor's type if it is one of QUANTIZED_TYPES with rows of a multiple of 32 values (what
+        `quantized` returns blocks for), else None."""
+        if hf_name not in self._names:
+            raise KeyError(f"tensor {hf_name!r} missing from {self._file.path.name}")
+        tensor = self._file._tensors[self._names[hf_name]]
+        return tensor.type_name if tensor.type_name in QUANTIZED_TYPES and tensor.shape[-1] % 32 == 0 else None
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def quantized(self, hf_name: str) -> tuple[str, np.ndarray] | None:
+        """(type name, the stored blocks as a (rows, row bytes) uint8 copy in Hugging Face row order) where
+        the tensor's type is one of QUANTIZED_TYPES; None for any other type."""
+        if self.kept_type(hf_name) is None:  # not a type linear_q reads, or rows it cannot take 32 at a time
+            return None
+        tensor = self._file._tensors[self._names[hf_name]]
+        # NOTE: read, not mapped: the mapped file's pages would stay resident beside the packed copy
+        raw = np.fromfile(self._file.path, np.uint8, count=tensor.nbytes, offset=tensor.offset)
+        if raw.size != tensor.nbytes:
+            raise InvalidArgument(tensor.name, f"the file ends inside its data ({raw.size} of {tensor.nbytes} bytes)")
+        raw = raw.reshape(tensor.shape[0], -1)  # (N, K / 32 blocks)
+        proj = hf_name.rsplit(".", 2)[-2]
+        if proj in self._heads:
+            raw = np.ascontiguousarray(_unpermute_rope_rows(raw, self._heads[proj]))
+        return tensor.type_name, raw
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)

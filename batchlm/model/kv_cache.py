@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from batchlm.model.model_config import ModelConfig
@@ -38,8 +39,9 @@ class KVCache:
         # NOTE: zeros, not empty: padded (masked) reads of never-written slots must not see NaN/Inf,
         # since 0 * NaN in the attention-weighted sum would poison the output.
         kvh, hd = self.num_kv_heads, self.head_dim
-        self.storage = torch.zeros(
-            self.num_layers, 2, num_blocks * block_size * kvh * hd, device=self.device, dtype=dtype)
+        shape = (self.num_layers, 2, num_blocks * block_size * kvh * hd)
+        self.storage = _lazy_zeros(shape, dtype) if self.device.type == "cpu" else \
+            torch.zeros(shape, device=self.device, dtype=dtype)
         self.k = [self.storage[i, 0].view(num_blocks, kvh, hd, block_size)
                   for i in range(self.num_layers)]  # each (num_blocks, KVH, hd, bs)
         self.v = [self.storage[i, 1].view(num_blocks * block_size, kvh, hd)
@@ -67,3 +69,12 @@ def block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: i
     """Bytes of one block: K and V, every layer, `block_size` tokens."""
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of zeros whose pages take memory only once touched: numpy's zeros come from calloc,
+    which maps fresh (kernel-zeroed) pages for a large size, where torch.zeros writes every byte. So the
+    cache's resident size grows with the tokens it holds, not with the blocks it was given."""
+    count = int(np.prod(shape))
+    raw = torch.from_numpy(np.zeros(count * torch.empty((), dtype=dtype).element_size(), dtype=np.uint8))
+    return raw.view(dtype).view(shape)

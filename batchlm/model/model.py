@@ -19,6 +19,7 @@ from batchlm.errors import InvalidArgument
 from batchlm.model.attention import AttentionMetadata, attend, write_kv
 from batchlm.model.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS
 from batchlm.model.forward_batch import ForwardBatch
+from batchlm.model.gguf_file import QUANTIZED_TYPES
 from batchlm.model.kv_cache import KVCache
 from batchlm.model.model_config import ModelConfig
 from batchlm.model.rope import Rope, RotaryEmbedding, apply_rope
@@ -59,6 +60,8 @@ class Linear(nn.Module):
       rows (bfloat16) up on AMD Zen 4. So in bfloat16 the rows go through it at most `ROWS_PER_CALL` at a
       time, which is enough on those Intel CPUs only.
     - "auto": the kernel where it has vector code, else oneDNN, else dense.
+    `load_quantized` instead keeps a GGUF file's Q4_0, Q4_1, Q8_0, F16 or BF16 blocks ("quantized":
+    batchlm::linear_q, batchlm/kernels/linear_quant.cpp), bit-identical to "kernel" over the dequantized weight.
     """
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32) -> None:
@@ -66,11 +69,14 @@ class Linear(nn.Module):
         self.out_features = out_features
         self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.packed: torch.Tensor | None = None  # the weight in `backend`'s layout once prepacked
-        self.backend = "dense"  # what forward multiplies with: "kernel", "onednn" or "dense"
+        self.backend = "dense"  # what forward multiplies with: "kernel", "onednn", "quantized" or "dense"
+        self.qtype: str | None = None  # "quantized": the GGUF type of `packed`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "kernel":
             return torch.ops.batchlm.linear(x, self.packed, self.out_features)  # (T, in) -> (T, out)
+        if self.backend == "quantized":
+            return torch.ops.batchlm.linear_q(x, self.packed, QUANTIZED_TYPES[self.qtype], self.out_features)
         if x.dtype is torch.float32 or x.shape[0] <= ROWS_PER_CALL:
             return self._matmul(x)  # (T, in) -> (T, out)
         return torch.cat([self._matmul(rows) for rows in x.split(ROWS_PER_CALL)])  # (T, out)
@@ -99,6 +105,21 @@ class Linear(nn.Module):
             return False
         self.packed, self.backend, self.weight = packed, "onednn", None
         return True
+
+
+    def load_quantized(self, qtype: str, raw: torch.Tensor) -> None:
+        """Hold the weight as GGUF blocks: `raw` (out_features, in_features / 32 blocks) uint8 of type `qtype`
+        (one of QUANTIZED_TYPES), packed for batchlm::linear_q; the dense weight is dropped."""
+        if raw.shape[0] != self.out_features:
+            raise ValueError(f"{qtype} blocks for {raw.shape[0]} rows do not fit {self.out_features}")
+        self.set_packed(qtype, torch.ops.batchlm.pack_linear_q(raw, QUANTIZED_TYPES[qtype]))
+
+    def set_packed(self, qtype: str, packed: torch.Tensor) -> None:
+        """Hold `packed` (pack_linear_q of this weight's blocks of type `qtype`); the dense weight is dropped."""
+        groups = -(-self.out_features // 64)
+        if packed.dim() != 3 or packed.shape[0] != groups:
+            raise ValueError(f"packed {qtype} blocks {tuple(packed.shape)} do not fit {self.out_features} rows")
+        self.packed, self.backend, self.qtype, self.weight = packed, "quantized", qtype, None
 
 
 _PACK_FOR_ROWS = 8  # oneDNN picks its blocked layout for this many input rows (a decode batch)
@@ -249,11 +270,11 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        return self.norm.weight.dtype
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
@@ -301,29 +322,34 @@ class LlamaForCausalLM(nn.Module):
         """What lm_head (and so every Linear, packed alike) multiplies with: "kernel", "onednn" or "dense"."""
         return self.lm_head.backend
 
+    def weight_plan(self) -> list[tuple[nn.Module, tuple[str, ...]]]:
+        """(module whose `weight` it fills, the HF tensor names concatenated along dim 0 to fill it), for
+        every weight of the model; the fused projections take several."""
+        plan: list[tuple[nn.Module, tuple[str, ...]]] = [
+            (self.embed_tokens, ("model.embed_tokens.weight",)), (self.norm, ("model.norm.weight",))]
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            plan += [
+                (layer.input_layernorm, (p + "input_layernorm.weight",)),
+                (layer.post_attention_layernorm, (p + "post_attention_layernorm.weight",)),
+                (layer.self_attn.qkv_proj, tuple(f"{p}self_attn.{x}_proj.weight" for x in "qkv")),
+                (layer.self_attn.o_proj, (p + "self_attn.o_proj.weight",)),
+                (layer.mlp.gate_up_proj, (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+                (layer.mlp.down_proj, (p + "mlp.down_proj.weight",)),
+            ]
+        lm_head = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+        return plan + [(self.lm_head, (lm_head,))]
+
     def load_hf_state_dict(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy a HF Llama state dict (names as in model.safetensors) into the fused parameters.
 
         Raises KeyError naming the first missing tensor, ValueError on a shape mismatch or unused tensors.
         """
-        # (target, HF tensor names concatenated along dim 0 to fill it); fused projections take several.
-        plan: list[tuple[torch.Tensor, tuple[str, ...]]] = [
-            (self.embed_tokens.weight, ("model.embed_tokens.weight",)),
-            (self.norm.weight, ("model.norm.weight",))]
-        for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            plan += [
-                (layer.input_layernorm.weight, (p + "input_layernorm.weight",)),
-                (layer.post_attention_layernorm.weight, (p + "post_attention_layernorm.weight",)),
-                (layer.self_attn.qkv_proj.weight, tuple(f"{p}self_attn.{x}_proj.weight" for x in "qkv")),
-                (layer.self_attn.o_proj.weight, (p + "self_attn.o_proj.weight",)),
-                (layer.mlp.gate_up_proj.weight, (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
-                (layer.mlp.down_proj.weight, (p + "mlp.down_proj.weight",)),
-            ]
-        lm_head = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
-        plan.append((self.lm_head.weight, (lm_head,)))
+        plan = [(module.weight, names) for module, names in self.weight_plan()]
         with torch.no_grad():
             for target, names in plan:
+                if target is None:  # held quantized (batchlm/model/quantized.py), loaded already
+                    continue
                 offset = 0
                 for name in names:  # NOTE: copied piece by piece, so no fused temporary is ever allocated
                     value = tensors[name]

@@ -1,5 +1,6 @@
-"""The default model (SmolLM2-135M-Instruct, the Q4_1 GGUF file in models/) in the engine against Hugging
-Face transformers loading the same file (its own GGUF reader and dequantization, float32, eager attention).
+"""The default model (SmolLM2-135M-Instruct, the Q4_1 GGUF file in models/) in the engine, which keeps the
+file's blocks (batchlm/model/quantized.py), against Hugging Face transformers loading the same file (its
+own GGUF reader and dequantization, float32, eager attention).
 
 - Greedy tokens: chat-templated prompts of 37 to 300 tokens, 64 new tokens each (EOS ignored, so every
   step is compared), alone and all in one batch: equal, token for token.
@@ -97,7 +98,11 @@ def test_the_reference_reads_the_file_as_the_engine_does(reference, engine):
             hf.intermediate_size, hf.vocab_size) == (cfg.num_layers, cfg.hidden_size, cfg.num_heads,
                                                      cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size)
     assert reference.lm_head.weight.data_ptr() == reference.model.embed_tokens.weight.data_ptr()
-    assert torch.equal(reference.model.embed_tokens.weight, engine.model.embed_tokens.weight)
+    # the engine keeps the file's blocks (Q4_1 linears, a Q8_0 embedding shared with lm_head): the
+    # reference's float32 table is what they dequantize to
+    assert engine.model.linear_backend == "quantized" and engine.model.lm_head.qtype == "Q8_0"
+    table = engine.model.embed_tokens(torch.arange(cfg.vocab_size))  # (V, D)
+    assert torch.equal(reference.model.embed_tokens.weight, table)
 
 
 def test_greedy_tokens_alone_equal_transformers(engine, expected, prompts):

@@ -294,6 +294,22 @@ def test_kv_cache_layout_and_size(small):
     assert KVCache.blocks_for_budget(cfg, 16, torch.float32, 10 * cache.bytes_per_block()) == 10
 
 
+def test_kv_cache_memory_is_taken_as_it_is_written(small):
+    """The cache is zeros, but its pages become resident only when touched: a server's memory grows with
+    the tokens it holds, not with the blocks it was configured with."""
+    def resident_mb() -> float:
+        with open("/proc/self/status") as status:
+            return int(next(ln for ln in status if ln.startswith("VmRSS")).split()[1]) / 1024
+
+    before = resident_mb()
+    cache = KVCache(small.config, num_blocks=16384, block_size=16)
+    size_mb = cache.storage.numel() * cache.storage.element_size() / 2 ** 20
+    assert size_mb > 200 and resident_mb() - before < size_mb / 10
+    assert not cache.k[0][-1].any() and not cache.v[-1][-16:].any()
+    cache.k[1][5].fill_(1.0)
+    assert cache.k[1][5].all() and not cache.k[1][4].any() and not cache.k[0][5].any()
+
+
 def test_llama3_rope_scaling_keeps_high_and_slows_low_frequencies(small):
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 256}

@@ -1,19 +1,24 @@
 """Resident memory of a served model repository, per process: `batchlm-bench memory`.
 
-    batchlm-bench memory [--model-repository model_repository] [--model PATH]
+    batchlm-bench memory [--model-repository model_repository] [--model PATH] [--requests 8]
 
 Starts tritonserver on the repository (free ports, every model loaded), waits until every model is
-ready, then reads each process's resident set (VmRSS), its peak (VmHWM) and its proportional set (Pss:
-pages shared with other processes, such as libraries, split between them) from /proc; prints a markdown
-table and the seconds from start to ready, and stops the server. `--model` serves another checkpoint in
-every model, as `batchlm-serve --model` does.
+ready, sends each model `--requests` requests at once (64 tokens each, EOS ignored: every weight and some
+KV blocks are touched, as in service; 0 sends none), then reads each process's resident set (VmRSS), its
+peak (VmHWM) and its proportional set (Pss: pages shared with other processes, such as libraries and the
+shared weights, split between them) from /proc; prints a markdown table and the seconds from start to
+ready, and stops the server. `--model` serves another checkpoint in every model, as `batchlm-serve
+--model` does.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from batchlm.launcher.ports import free_port
@@ -35,7 +40,23 @@ def process_memory(pid: int) -> dict[str, float]:
             "pss": _kib(pid, "Pss:", "smaps_rollup") / 1024}
 
 
-def measure(repository: Path, log: Path | None = None) -> tuple[float, dict[str, dict[str, float]]]:
+def exercise(url: str, models: list[str], requests: int) -> None:
+    """`requests` concurrent generate requests to each model in turn (64 new tokens, EOS ignored)."""
+    body = json.dumps({"text_input": "Tell me about the sea.", "max_tokens": 64, "ignore_eos": True}).encode()
+
+    def one(model: str) -> None:
+        req = urllib.request.Request(f"http://{url}/v2/models/{model}/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            resp.read()
+
+    with ThreadPoolExecutor(max(requests, 1)) as pool:
+        for model in models:
+            list(pool.map(one, [model] * requests))
+
+
+def measure(repository: Path, log: Path | None = None,
+            requests: int = 8) -> tuple[float, dict[str, dict[str, float]]]:
     """(seconds from start to ready, process name -> process_memory) of a server on `repository`."""
     server = TritonServer(model_repository=repository, http_port=free_port(), grpc_port=free_port(),
                           metrics_port=free_port(), log_path=log)
@@ -43,7 +64,9 @@ def measure(repository: Path, log: Path | None = None) -> tuple[float, dict[str,
     server.start(timeout=600)
     try:
         ready = time.monotonic() - start
-        rows = {f"{model} stub": process_memory(pid) for pid, (model, _) in sorted(server.stub_instances().items())}
+        stubs = sorted(server.stub_instances().items())
+        exercise(server.http_url, sorted({model for _, (model, _) in stubs}), requests)
+        rows = {f"{model} stub": process_memory(pid) for pid, (model, _) in stubs}
         rows["tritonserver"] = process_memory(server.process.pid)
     finally:
         server.stop()
@@ -62,10 +85,11 @@ def main() -> int:
     ap.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     ap.add_argument("--model", type=Path, help="checkpoint every model serves instead of its model_dir")
     ap.add_argument("--log", type=Path, help="the server's log (default: none)")
+    ap.add_argument("--requests", type=int, default=8, help="concurrent requests per model before reading")
     args = ap.parse_args()
     if args.model is not None:
         os.environ[MODEL_ENV] = str(args.model.resolve())
-    ready, rows = measure(args.model_repository.resolve(), args.log)
+    ready, rows = measure(args.model_repository.resolve(), args.log, args.requests)
     print(f"every model ready {ready:.1f} s after the start")
     print(table(rows))
     return 0
