@@ -2,11 +2,12 @@
 
     batchlm-bench prefix [--model continuous_batching] [--rounds 4] [--out results/prefix_cache]
                          [--workloads chat system control] [--concurrency 8] [--conversations 8]
-                         [--turns-min 5] [--turns-max 10] [--system-requests 16] [--control-requests 16]
-                         [--max-tokens 32] [--seed 0]
+                         [--turns-min 5] [--turns-max 10] [--stagger-ms 500] [--think-ms 1000]
+                         [--system-requests 16] [--control-requests 16] [--max-tokens 32] [--seed 0]
 
-The workloads (batchlm.bench.prefix_workload; the project's own text, seeded): multi-turn chat (every
-conversation in flight at once, each turn sent when the previous answer arrives), one system prompt of
+The workloads (batchlm.bench.prefix_workload; the project's own text, seeded): multi-turn chat (the
+conversations started --stagger-ms apart, each turn sent a seeded think time, mean --think-ms, after the
+previous answer arrives: users interleave, they do not move in lockstep), one system prompt of
 at least 500 tokens before short questions (closed loop at --concurrency), and a control of prompts that
 share no prefix (closed loop at --concurrency), whose throughput shows what the cache's bookkeeping
 costs. The model is served from two copies of its folder under --out (model_repository/ is never
@@ -36,7 +37,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from batchlm.bench import prefix_workload
-from batchlm.bench.prefix_workload import WORKLOADS, Conversation, PrefixWorkloadSpec
+from batchlm.bench.prefix_workload import THINK_CAP, WORKLOADS, Conversation, PrefixWorkloadSpec
 from batchlm.bench.served import prefix_report
 from batchlm.bench.served.arrivals import ArrivalSpec
 from batchlm.bench.served.benchmark import Benchmark, BenchmarkConfig, unfillable_batches
@@ -53,8 +54,10 @@ from batchlm.paths import DEFAULT_REPOSITORY, served_model
 
 SPEC_HELP = {
     "seed": "the same seed gives the same workloads",
-    "conversations": "chat: conversations, all in flight at once",
+    "conversations": "chat: conversations, one turn each in flight at a time",
     "turns_min": "chat: user turns per conversation, uniform in [min, max]",
+    "stagger_ms": "chat: a conversation starts this long after the one before it",
+    "think_ms": f"chat: mean think time between an answer and the next turn (exponential, at most {THINK_CAP}x)",
     "system_requests": "system: requests, the system prompt and one short question each",
     "system_prompt_tokens": "system: the shared system prompt's length, at least",
     "control_requests": "control: prompts that share no prefix",
@@ -186,8 +189,10 @@ def header(args: argparse.Namespace, sides: dict[str, list[dict]], work: Workloa
         f"{args.rounds} round(s), on and off served once each per round by their own tritonserver, the "
         "order swapped each round; figures pool the rounds. Every answer "
         f"{spec.max_tokens} tokens, greedy, EOS ignored. Workloads (seed {spec.seed}): chat, "
-        f"{spec.conversations} conversations of {spec.turns_min}-{spec.turns_max} turns at once, each turn "
-        f"sent when the previous answer arrives; system, {spec.system_requests} requests of a "
+        f"{spec.conversations} conversations of {spec.turns_min}-{spec.turns_max} turns, one started every "
+        f"{spec.stagger_ms} ms, each turn sent a think time (seeded, exponential, mean {spec.think_ms} ms, at "
+        f"most {THINK_CAP * spec.think_ms} ms) after the previous answer arrives; system, {spec.system_requests} "
+        f"requests of a "
         f"{system}-token prompt (system prompt, template and one short question), closed loop at "
         f"{args.concurrency}; control, {spec.control_requests} prompts of {spec.control_prompt_tokens_min}-"
         f"{spec.control_prompt_tokens_max} tokens sharing no prefix, closed loop at {args.concurrency}. "
