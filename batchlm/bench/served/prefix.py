@@ -30,13 +30,13 @@ import argparse
 import json
 import shlex
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from batchlm.bench import prefix_workload
+from batchlm.bench import prefix_bookkeeping, prefix_workload
 from batchlm.bench.prefix_workload import THINK_CAP, WORKLOADS, Conversation, PrefixWorkloadSpec
 from batchlm.bench.served import prefix_report
 from batchlm.bench.served.arrivals import ArrivalSpec
@@ -45,6 +45,7 @@ from batchlm.bench.served.comparison import STRATEGIES, write_variant
 from batchlm.bench.served.prefix_driver import Driver, Target
 from batchlm.bench.served.report import environment, model_config
 from batchlm.bench.workload import WorkloadRequest
+from batchlm.engine.engine_config import EngineConfig
 from batchlm.launcher.ports import free_port
 from batchlm.launcher.processes import exit_cleanly_on_sigterm
 from batchlm.launcher.triton_server import TritonServer
@@ -132,13 +133,22 @@ class Workloads:
     scripts: list[Conversation]
     template: ChatTemplate
     requests: dict[str, list[WorkloadRequest]]
+    tokenizer: Tokenizer
+    fill: list[WorkloadRequest]  # bookkeeping: the system workload and a control of the next seed
 
     @classmethod
     def build(cls, spec: PrefixWorkloadSpec, checkpoint: Path) -> Workloads:
         tokenizer, template = Tokenizer.from_dir(checkpoint), load_chat_template(checkpoint)
+        system = prefix_workload.system_requests(spec, tokenizer, template)
+        fill = system + prefix_workload.control_requests(replace(spec, seed=spec.seed + 1), checkpoint)
         return cls(prefix_workload.conversations(spec), template,
-                   {"system": prefix_workload.system_requests(spec, tokenizer, template),
-                    "control": prefix_workload.control_requests(spec, checkpoint)})
+                   {"system": system, "control": prefix_workload.control_requests(spec, checkpoint)}, tokenizer, fill)
+
+    def bookkeeping(self, parameters: dict[str, str], max_tokens: int, concurrency: int) -> dict:
+        """The scheduler's prefix bookkeeping per control step, in process, under the served engine config."""
+        ids = [[self.tokenizer.encode(r.prompt) for r in group] for group in (self.fill, self.requests["control"])]
+        return prefix_bookkeeping.measure(EngineConfig.from_parameters(parameters), *ids, max_tokens,
+                                          concurrency).as_dict()
 
 
 def measure_side(args: argparse.Namespace, repository: Path, log: Path, work: Workloads) -> dict:
@@ -223,7 +233,9 @@ def main(argv: list[str] | None = None) -> None:
                                  f"{measured['parameters'].get('enable_prefix_caching')!r}, not {expected!r}")
             sides[side].append(measured)
     runs = {side: [m["runs"] for m in sides[side]] for side in prefix_report.SIDES}
-    text = prefix_report.markdown(runs, args.workloads, header(args, sides, work, command))
+    bookkeeping = (work.bookkeeping(sides["on"][0]["parameters"], args.spec.max_tokens, args.concurrency)
+                   if "control" in args.workloads else None)
+    text = prefix_report.markdown(runs, args.workloads, header(args, sides, work, command), bookkeeping)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefix_cache.md").write_text(text)
     (args.out / "prefix_cache.json").write_text(json.dumps({
@@ -231,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         "concurrency": args.concurrency, "workloads": args.workloads, "spec": args.spec.as_dict(),
         "streamed": sides["on"][0]["streamed"], "environment": sides["on"][0]["environment"],
         "parameters": {side: sides[side][0]["parameters"] for side in prefix_report.SIDES},
-        "summary": prefix_report.summary(runs, args.workloads), "runs": runs,
+        "summary": prefix_report.summary(runs, args.workloads), "bookkeeping": bookkeeping, "runs": runs,
     }, indent=1))
     print(text)
     print(f"wrote {args.out / 'prefix_cache.md'} and prefix_cache.json")
