@@ -166,7 +166,7 @@ def _spread(rounds: dict | None) -> str:
 
 def bookkeeping_line(cost: dict, step_s: float | None) -> str:
     """The scheduler's prefix bookkeeping per step, beside the served control's step (time per output token)."""
-    share = f", {cost['extra_us'] / (step_s * 1e6):.2%} of the served control's time per output token " \
+    share = f", {100 * cost['extra_us'] / (step_s * 1e6):.2g}% of the served control's time per output token " \
             f"({step_s * 1e3:.1f} ms, cache off)" if step_s else ""
     return (f"- Bookkeeping, in process (batchlm.bench.prefix_bookkeeping; the scheduler with no model, through "
             f"the control after a fill that makes it evict {cost['evictions']} cached blocks): "
