@@ -17,8 +17,10 @@ off; then off, on), so a slow phase of the machine falls on both. A server is wa
 workloads in turn on one start: the control finds the cache full of the others' blocks, as a server
 that has been serving would. Greedy, EOS ignored and a fixed --max-tokens: both sides do the same work,
 and the report says whether every answer was the same.
-Writes prefix_cache.md (the table of on / off ratios and the goals) and prefix_cache.json (every
-answer of every run) under --out, and each server's log under --out/logs.
+With the control, the scheduler's prefix bookkeeping is also timed in process, with no model
+(batchlm.bench.prefix_bookkeeping). Writes prefix_cache.md (the table of on / off ratios, the goals with
+the rounds' median and range, the bookkeeping) and prefix_cache.json (every answer of every run) under
+--out, and each server's log under --out/logs.
 static_batching answers only full batches of 8: its chat needs --turns-min equal to --turns-max and
 --conversations a multiple of 8; its other workloads a --concurrency of 8 or more and request counts
 that are multiples of 8.
