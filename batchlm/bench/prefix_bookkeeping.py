@@ -31,7 +31,7 @@ class BookkeepingCost:
     off_us: float  # the same with the cache off
     steps: int     # steps of one pass through the control
     repeats: int   # passes on each side
-    evictions: int  # cached blocks one pass with the cache on took back for the control
+    evictions: int  # cached blocks (the fill's, and the control's own) one pass with the cache on took back
 
     @property
     def extra_us(self) -> float:
@@ -43,7 +43,7 @@ class BookkeepingCost:
 
 
 def measure(config: EngineConfig, fill: Prompts[list[int]], control: Prompts[list[int]], max_tokens: int,
-            concurrency: int, repeats: int = 7) -> BookkeepingCost:
+            concurrency: int, repeats: int = 21) -> BookkeepingCost:
     """The scheduler's time per control step, cache on and off, after `fill` has run on the same scheduler."""
     per_step: dict[bool, list[float]] = {True: [], False: []}
     steps = evictions = 0

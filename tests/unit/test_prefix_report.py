@@ -93,6 +93,6 @@ def test_the_bookkeeping_line_sets_the_extra_time_beside_a_served_step():
     line = prefix_report.bookkeeping_line(cost, 0.04)
     assert "110 us per step with the cache on, 90 us off, +20 us, 0.05% of the served control's time per " \
            "output token (40.0 ms, cache off); median of 7 passes of 68 steps." in line
-    assert "evict 100 cached blocks" in line and "%" not in prefix_report.bookkeeping_line(cost, None)
+    assert "evicting 100 cached blocks" in line and "%" not in prefix_report.bookkeeping_line(cost, None)
     control = {"on": [run("control", [answer("r0", 0.1)], 1.0)], "off": [run("control", [answer("r0", 0.1)], 1.0)]}
     assert prefix_report.markdown(control, ["control"], "# h", cost).rstrip().endswith("68 steps.")

@@ -169,7 +169,7 @@ def bookkeeping_line(cost: dict, step_s: float | None) -> str:
     share = f", {100 * cost['extra_us'] / (step_s * 1e6):.2g}% of the served control's time per output token " \
             f"({step_s * 1e3:.1f} ms, cache off)" if step_s else ""
     return (f"- Bookkeeping, in process (batchlm.bench.prefix_bookkeeping; the scheduler with no model, through "
-            f"the control after a fill that makes it evict {cost['evictions']} cached blocks): "
+            f"the control after a fill, evicting {cost['evictions']} cached blocks): "
             f"{cost['on_us']:.0f} us per step with the cache on, {cost['off_us']:.0f} us off, "
             f"{cost['extra_us']:+.0f} us{share}; median of {cost['repeats']} passes of {cost['steps']} steps.")
 
