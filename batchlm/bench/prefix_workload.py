@@ -6,7 +6,9 @@ and a control whose prompts share none. The same spec and checkpoint give the sa
   stories) and goes on with follow-ups (prefix_texts.FOLLOW_UPS, none twice in one conversation). A turn
   is the whole history through the model's chat template, its earlier answers included, so each turn's
   prompt begins with the previous one's; the answers are the model's, so the prompts after the first
-  turn exist only at run time (`Conversation.messages`).
+  turn exist only at run time (`Conversation.messages`). The conversations interleave as users do:
+  conversation i starts `i * stagger_ms` after the first, and each user reads the answer and types for a
+  think time before the next turn (seeded, exponential with mean `think_ms`, at most THINK_CAP times it).
 - system: one system prompt of at least `system_prompt_tokens` tokens (the intro and the rules of
   prefix_texts in a seeded order) before each of `system_requests` short questions (prefix_texts.QUESTIONS,
   in seeded rounds through all of them, so each repeats once the requests outnumber them).
@@ -29,14 +31,17 @@ from batchlm.model.tokenizer import Tokenizer
 
 OPENER_KINDS = ("question", "explanation", "list", "long_answer")  # chat_prompts.jsonl's short prompts
 WORKLOADS = ("chat", "system", "control")
+THINK_CAP = 4  # a think time is at most this many times the mean (a truncated exponential)
 
 
 @dataclass(frozen=True)
 class PrefixWorkloadSpec:
     seed: int = 0
-    conversations: int = 8          # chat: conversations in flight at once, one turn each at a time
+    conversations: int = 8          # chat: conversations, one turn each in flight at a time
     turns_min: int = 5              # chat: user turns per conversation, uniform in [min, max]
     turns_max: int = 10
+    stagger_ms: int = 500           # chat: a conversation starts this long after the one before it
+    think_ms: int = 1000            # chat: mean think time between an answer and the next turn
     system_requests: int = 16       # system: requests, each the system prompt and one question
     system_prompt_tokens: int = 500  # system: the shared system prompt's length, at least
     control_requests: int = 16      # control: distinct prompts
@@ -56,8 +61,9 @@ class PrefixWorkloadSpec:
                              f"question and {len(FOLLOW_UPS)} distinct follow-ups")
         if self.control_prompt_tokens_max < self.control_prompt_tokens_min:
             raise ValueError("PrefixWorkloadSpec.control_prompt_tokens_max must be >= control_prompt_tokens_min")
-        if self.system_prompt_tokens < 0:
-            raise ValueError("PrefixWorkloadSpec.system_prompt_tokens must be >= 0")
+        for name in ("system_prompt_tokens", "stagger_ms", "think_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"PrefixWorkloadSpec.{name} must be >= 0")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -66,7 +72,9 @@ class PrefixWorkloadSpec:
 @dataclass(frozen=True)
 class Conversation:
     index: int
-    turns: tuple[str, ...]  # the user's messages, in order
+    turns: tuple[str, ...]        # the user's messages, in order
+    start_s: float = 0.0          # when its first turn is sent, seconds from the workload's start
+    think_s: tuple[float, ...] = ()  # think_s[k]: seconds from the answer to turn k+1 to sending turn k+2
 
     def messages(self, turn: int, answers: list[str]) -> list[dict[str, str]]:
         """The chat messages of turn `turn` (0-based): every user message up to it, each earlier one
@@ -80,15 +88,27 @@ class Conversation:
 
 
 def conversations(spec: PrefixWorkloadSpec) -> list[Conversation]:
-    """The chat workload's scripts: a distinct opener each (while the prompt set lasts), then follow-ups."""
+    """The chat workload's scripts: a distinct opener each (while the prompt set lasts), then follow-ups;
+    staggered starts and seeded think times between the turns."""
     rng = random.Random(spec.seed)
+    # NOTE: a stream of its own, so the think times leave the texts as the seed alone makes them
+    think_rng = random.Random(f"{spec.seed}:think")
     openers = [p["prompt"] for p in chat_prompts() if p["kind"] in OPENER_KINDS]
     rng.shuffle(openers)
     scripts = []
     for i in range(spec.conversations):
         turns = rng.randint(spec.turns_min, spec.turns_max)
-        scripts.append(Conversation(i, (openers[i % len(openers)], *rng.sample(FOLLOW_UPS, turns - 1))))
+        think = tuple(think_time(think_rng, spec.think_ms) for _ in range(turns - 1))
+        scripts.append(Conversation(i, (openers[i % len(openers)], *rng.sample(FOLLOW_UPS, turns - 1)),
+                                    i * spec.stagger_ms / 1000, think))
     return scripts
+
+
+def think_time(rng: random.Random, mean_ms: int) -> float:
+    """One user's pause in seconds: exponential with mean `mean_ms`, at most THINK_CAP times it, to the ms."""
+    if mean_ms == 0:
+        return 0.0
+    return round(min(rng.expovariate(1 / mean_ms), THINK_CAP * mean_ms)) / 1000
 
 
 def system_prompt(spec: PrefixWorkloadSpec, tokenizer: Tokenizer) -> str:

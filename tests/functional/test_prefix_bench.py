@@ -10,7 +10,7 @@ from batchlm.paths import PROJECT_ROOT
 
 SIZES = ["--rounds", "1", "--conversations", "2", "--turns-min", "2", "--turns-max", "3", "--system-requests", "4",
          "--control-requests", "3", "--control-prompt-tokens-min", "20", "--control-prompt-tokens-max", "40",
-         "--max-tokens", "4", "--concurrency", "2"]
+         "--max-tokens", "4", "--concurrency", "2", "--stagger-ms", "50", "--think-ms", "50"]
 
 
 def _left_behind(marker: str) -> list[str]:
@@ -35,6 +35,7 @@ def test_prefix_bench_serves_the_cache_on_and_off_with_the_same_answers(tmp_path
     assert doc["parameters"]["on"]["enable_prefix_caching"] == "true"
     assert doc["parameters"]["off"]["enable_prefix_caching"] == "false"
     assert doc["streamed"] and doc["workloads"] == ["chat", "system", "control"]
+    assert doc["spec"]["think_ms"] == 50 and doc["bookkeeping"]["steps"] > 0 and doc["bookkeeping"]["on_us"] > 0
     figures = doc["summary"]["figures"]
     for side in ("on", "off"):
         (round_,) = doc["runs"][side]
@@ -57,4 +58,5 @@ def test_prefix_bench_serves_the_cache_on_and_off_with_the_same_answers(tmp_path
     assert "| workload | figure | cache on | cache off | on / off | on / off, each round |" in text
     assert "| system: output tok/s, on / off >= 1.5 |" in text
     assert "- chat: 5/5 answers identical to the first round with the cache off (greedy)." in text
+    assert "- Bookkeeping, in process" in text
     assert {p.name for p in (tmp_path / "logs").iterdir()} == {"on-round-1.log", "off-round-1.log"}

@@ -49,6 +49,7 @@ def test_answers_are_compared_with_the_first_round_off_by_key():
 def test_goals_read_the_ratios_and_say_whether_they_hold():
     (goal,) = prefix_report.goals(RUNS, ["chat"])
     assert goal["measured"] == pytest.approx(0.2) and goal["met"] and "<= 0.3" in goal["goal"]
+    assert goal["rounds"] == pytest.approx({"median": 0.2, "min": 0.1, "max": 0.3})
     near = {"on": [run("control", [answer("r0", 0.1)], 1.02)], "off": [run("control", [answer("r0", 0.1)], 1.0)]}
     (goal,) = prefix_report.goals(near, ["control"])
     assert goal["met"] and goal["measured"] == pytest.approx(1 / 1.02)
@@ -61,7 +62,7 @@ def test_the_markdown_has_a_row_per_figure_the_goals_and_the_answers_check():
     assert text.startswith("# header\n")
     assert "| chat | TTFT p50 s, turns >= 2 | 0.200 | 1.000 | 0.20 | 0.10 / 0.30 |" in text
     assert "| chat | prompt tokens from cache (answers; metrics) | 53%; 53% | 0%; 0% | - | - |" in text
-    assert "| chat: TTFT p50 of turns >= 2, on / off <= 0.3 | 0.20 | yes |" in text
+    assert "| chat: TTFT p50 of turns >= 2, on / off <= 0.3 | 0.20 | yes | 0.20 [0.10, 0.30] |" in text
     assert "- chat: 8/9 answers identical to the first round with the cache off (greedy)." in text
     summary = prefix_report.summary(RUNS, ["chat"])
     assert summary["identical"] == {"chat": {"same": 8, "compared": 9}} and set(summary["figures"]) == {"on", "off"}
@@ -85,3 +86,13 @@ def test_flags_that_cannot_work_are_refused_before_any_server_starts(argv, said,
 def test_static_batching_runs_every_workload_with_full_batches():
     args = prefix.parse_args(["--model", "static_batching", "--turns-min", "5", "--turns-max", "5"])
     assert args.spec.turns_min == 5 and args.workloads == ["chat", "system", "control"]
+
+
+def test_the_bookkeeping_line_sets_the_extra_time_beside_a_served_step():
+    cost = {"on_us": 110.0, "off_us": 90.0, "extra_us": 20.0, "steps": 68, "repeats": 7, "evictions": 100}
+    line = prefix_report.bookkeeping_line(cost, 0.04)
+    assert "110 us per step with the cache on, 90 us off, +20 us, 0.05% of the served control's time per " \
+           "output token (40.0 ms, cache off); median of 7 passes of 68 steps." in line
+    assert "evicting 100 cached blocks" in line and "%" not in prefix_report.bookkeeping_line(cost, None)
+    control = {"on": [run("control", [answer("r0", 0.1)], 1.0)], "off": [run("control", [answer("r0", 0.1)], 1.0)]}
+    assert prefix_report.markdown(control, ["control"], "# h", cost).rstrip().endswith("68 steps.")

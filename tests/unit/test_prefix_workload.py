@@ -46,6 +46,21 @@ def test_conversations_open_with_a_short_prompt_and_go_on_with_distinct_follow_u
     assert {len(s.turns) for s in scripts} == set(range(5, 11))  # every length drawn
 
 
+def test_conversations_start_staggered_and_think_a_seeded_time_between_turns():
+    spec = pw.PrefixWorkloadSpec(conversations=30, stagger_ms=250, think_ms=800)
+    scripts = pw.conversations(spec)
+    assert [s.start_s for s in scripts] == [i * 0.25 for i in range(30)]
+    assert all(len(s.think_s) == len(s.turns) - 1 for s in scripts)
+    thinks = [t for s in scripts for t in s.think_s]
+    assert all(0 <= t <= pw.THINK_CAP * 0.8 for t in thinks) and len(set(thinks)) > len(thinks) // 2
+    assert 0.5 < sum(thinks) / len(thinks) < 1.1  # exponential, mean 0.8 s, capped
+    assert pw.conversations(spec) == scripts
+    assert pw.conversations(pw.PrefixWorkloadSpec(**{**spec.as_dict(), "seed": 1})) != scripts
+    lockstep = pw.conversations(pw.PrefixWorkloadSpec(conversations=30, stagger_ms=0, think_ms=0))
+    assert [s.turns for s in lockstep] == [s.turns for s in scripts]  # the timing leaves the texts alone
+    assert all(s.start_s == 0 and set(s.think_s) <= {0.0} for s in lockstep)
+
+
 def test_a_turn_holds_the_history_with_the_answers_and_its_prompt_extends_the_previous_one(checkpoint):
     template = load_chat_template(checkpoint)
     script = pw.Conversation(0, ("first?", "second?", "third?"))
@@ -98,6 +113,8 @@ def test_control_prompts_share_no_kv_block_with_each_other_or_the_other_workload
     ("conversations", 0, "conversations must be >= 1"),
     ("control_prompt_tokens_max", 1, "control_prompt_tokens_max must be >= control_prompt_tokens_min"),
     ("max_tokens", 0, "max_tokens must be >= 1"),
+    ("think_ms", -1, "think_ms must be >= 0"),
+    ("stagger_ms", -1, "stagger_ms must be >= 0"),
 ])
 def test_a_spec_names_the_field_it_refuses(field, value, said):
     with pytest.raises(ValueError, match=said):

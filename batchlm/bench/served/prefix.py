@@ -2,11 +2,12 @@
 
     batchlm-bench prefix [--model continuous_batching] [--rounds 4] [--out results/prefix_cache]
                          [--workloads chat system control] [--concurrency 8] [--conversations 8]
-                         [--turns-min 5] [--turns-max 10] [--system-requests 16] [--control-requests 16]
-                         [--max-tokens 32] [--seed 0]
+                         [--turns-min 5] [--turns-max 10] [--stagger-ms 500] [--think-ms 1000]
+                         [--system-requests 16] [--control-requests 16] [--max-tokens 32] [--seed 0]
 
-The workloads (batchlm.bench.prefix_workload; the project's own text, seeded): multi-turn chat (every
-conversation in flight at once, each turn sent when the previous answer arrives), one system prompt of
+The workloads (batchlm.bench.prefix_workload; the project's own text, seeded): multi-turn chat (the
+conversations started --stagger-ms apart, each turn sent a seeded think time, mean --think-ms, after the
+previous answer arrives: users interleave, they do not move in lockstep), one system prompt of
 at least 500 tokens before short questions (closed loop at --concurrency), and a control of prompts that
 share no prefix (closed loop at --concurrency), whose throughput shows what the cache's bookkeeping
 costs. The model is served from two copies of its folder under --out (model_repository/ is never
@@ -16,8 +17,10 @@ off; then off, on), so a slow phase of the machine falls on both. A server is wa
 workloads in turn on one start: the control finds the cache full of the others' blocks, as a server
 that has been serving would. Greedy, EOS ignored and a fixed --max-tokens: both sides do the same work,
 and the report says whether every answer was the same.
-Writes prefix_cache.md (the table of on / off ratios and the goals) and prefix_cache.json (every
-answer of every run) under --out, and each server's log under --out/logs.
+With the control, the scheduler's prefix bookkeeping is also timed in process, with no model
+(batchlm.bench.prefix_bookkeeping). Writes prefix_cache.md (the table of on / off ratios, the goals with
+the rounds' median and range, the bookkeeping) and prefix_cache.json (every answer of every run) under
+--out, and each server's log under --out/logs.
 static_batching answers only full batches of 8: its chat needs --turns-min equal to --turns-max and
 --conversations a multiple of 8; its other workloads a --concurrency of 8 or more and request counts
 that are multiples of 8.
@@ -29,14 +32,14 @@ import argparse
 import json
 import shlex
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from batchlm.bench import prefix_workload
-from batchlm.bench.prefix_workload import WORKLOADS, Conversation, PrefixWorkloadSpec
+from batchlm.bench import prefix_bookkeeping, prefix_workload
+from batchlm.bench.prefix_workload import THINK_CAP, WORKLOADS, Conversation, PrefixWorkloadSpec
 from batchlm.bench.served import prefix_report
 from batchlm.bench.served.arrivals import ArrivalSpec
 from batchlm.bench.served.benchmark import Benchmark, BenchmarkConfig, unfillable_batches
@@ -44,6 +47,7 @@ from batchlm.bench.served.comparison import STRATEGIES, write_variant
 from batchlm.bench.served.prefix_driver import Driver, Target
 from batchlm.bench.served.report import environment, model_config
 from batchlm.bench.workload import WorkloadRequest
+from batchlm.engine.engine_config import EngineConfig
 from batchlm.launcher.ports import free_port
 from batchlm.launcher.processes import exit_cleanly_on_sigterm
 from batchlm.launcher.triton_server import TritonServer
@@ -53,8 +57,10 @@ from batchlm.paths import DEFAULT_REPOSITORY, served_model
 
 SPEC_HELP = {
     "seed": "the same seed gives the same workloads",
-    "conversations": "chat: conversations, all in flight at once",
+    "conversations": "chat: conversations, one turn each in flight at a time",
     "turns_min": "chat: user turns per conversation, uniform in [min, max]",
+    "stagger_ms": "chat: a conversation starts this long after the one before it",
+    "think_ms": f"chat: mean think time between an answer and the next turn (exponential, at most {THINK_CAP}x)",
     "system_requests": "system: requests, the system prompt and one short question each",
     "system_prompt_tokens": "system: the shared system prompt's length, at least",
     "control_requests": "control: prompts that share no prefix",
@@ -129,13 +135,22 @@ class Workloads:
     scripts: list[Conversation]
     template: ChatTemplate
     requests: dict[str, list[WorkloadRequest]]
+    tokenizer: Tokenizer
+    fill: list[WorkloadRequest]  # bookkeeping: the system workload and a control of the next seed
 
     @classmethod
     def build(cls, spec: PrefixWorkloadSpec, checkpoint: Path) -> Workloads:
         tokenizer, template = Tokenizer.from_dir(checkpoint), load_chat_template(checkpoint)
+        system = prefix_workload.system_requests(spec, tokenizer, template)
+        fill = system + prefix_workload.control_requests(replace(spec, seed=spec.seed + 1), checkpoint)
         return cls(prefix_workload.conversations(spec), template,
-                   {"system": prefix_workload.system_requests(spec, tokenizer, template),
-                    "control": prefix_workload.control_requests(spec, checkpoint)})
+                   {"system": system, "control": prefix_workload.control_requests(spec, checkpoint)}, tokenizer, fill)
+
+    def bookkeeping(self, parameters: dict[str, str], max_tokens: int, concurrency: int) -> dict:
+        """The scheduler's prefix bookkeeping per control step, in process, under the served engine config."""
+        ids = [[self.tokenizer.encode(r.prompt) for r in group] for group in (self.fill, self.requests["control"])]
+        return prefix_bookkeeping.measure(EngineConfig.from_parameters(parameters), *ids, max_tokens,
+                                          concurrency).as_dict()
 
 
 def measure_side(args: argparse.Namespace, repository: Path, log: Path, work: Workloads) -> dict:
@@ -186,8 +201,10 @@ def header(args: argparse.Namespace, sides: dict[str, list[dict]], work: Workloa
         f"{args.rounds} round(s), on and off served once each per round by their own tritonserver, the "
         "order swapped each round; figures pool the rounds. Every answer "
         f"{spec.max_tokens} tokens, greedy, EOS ignored. Workloads (seed {spec.seed}): chat, "
-        f"{spec.conversations} conversations of {spec.turns_min}-{spec.turns_max} turns at once, each turn "
-        f"sent when the previous answer arrives; system, {spec.system_requests} requests of a "
+        f"{spec.conversations} conversations of {spec.turns_min}-{spec.turns_max} turns, one started every "
+        f"{spec.stagger_ms} ms, each turn sent a think time (seeded, exponential, mean {spec.think_ms} ms, at "
+        f"most {THINK_CAP * spec.think_ms} ms) after the previous answer arrives; system, {spec.system_requests} "
+        f"requests of a "
         f"{system}-token prompt (system prompt, template and one short question), closed loop at "
         f"{args.concurrency}; control, {spec.control_requests} prompts of {spec.control_prompt_tokens_min}-"
         f"{spec.control_prompt_tokens_max} tokens sharing no prefix, closed loop at {args.concurrency}. "
@@ -218,7 +235,9 @@ def main(argv: list[str] | None = None) -> None:
                                  f"{measured['parameters'].get('enable_prefix_caching')!r}, not {expected!r}")
             sides[side].append(measured)
     runs = {side: [m["runs"] for m in sides[side]] for side in prefix_report.SIDES}
-    text = prefix_report.markdown(runs, args.workloads, header(args, sides, work, command))
+    bookkeeping = (work.bookkeeping(sides["on"][0]["parameters"], args.spec.max_tokens, args.concurrency)
+                   if "control" in args.workloads else None)
+    text = prefix_report.markdown(runs, args.workloads, header(args, sides, work, command), bookkeeping)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefix_cache.md").write_text(text)
     (args.out / "prefix_cache.json").write_text(json.dumps({
@@ -226,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
         "concurrency": args.concurrency, "workloads": args.workloads, "spec": args.spec.as_dict(),
         "streamed": sides["on"][0]["streamed"], "environment": sides["on"][0]["environment"],
         "parameters": {side: sides[side][0]["parameters"] for side in prefix_report.SIDES},
-        "summary": prefix_report.summary(runs, args.workloads), "runs": runs,
+        "summary": prefix_report.summary(runs, args.workloads), "bookkeeping": bookkeeping, "runs": runs,
     }, indent=1))
     print(text)
     print(f"wrote {args.out / 'prefix_cache.md'} and prefix_cache.json")

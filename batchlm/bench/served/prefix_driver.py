@@ -1,8 +1,9 @@
 """Sends the prefix-caching workloads (batchlm.bench.prefix_workload) to one served model and records
 every answer: its client-side timings, its prompt and cached token counts and its token ids.
 
-- chat: one thread per conversation, all started together; a turn is sent as soon as the previous
-  answer arrives, with that answer appended to the history as the assistant's message.
+- chat: one thread per conversation; its first turn is sent at its script's start, each later turn
+  its think time after the previous answer arrived, with that answer appended to the history as the
+  assistant's message.
 - closed loop (system, control): `concurrency` threads, each sending the next request when its last
   one is answered.
 Greedy, EOS ignored, over Triton's HTTP `/generate` (`/generate_stream` for a model that streams, so
@@ -80,7 +81,10 @@ class Driver:
     def chat(self, scripts: list[Conversation], template: ChatTemplate, max_tokens: int) -> WorkloadRun:
         def converse(script: Conversation, llm: LLMClient, answers: list[Answer]) -> None:
             said: list[str] = []
+            time.sleep(max(0.0, self._t0 + script.start_s - time.perf_counter()))
             for turn in range(len(script.turns)):
+                if turn:
+                    time.sleep(script.think_s[turn - 1])
                 prompt = template.render(script.messages(turn, said))
                 answer = self._ask(llm, f"c{script.index}.t{turn + 1}", turn + 1, prompt, max_tokens)
                 answers.append(answer)

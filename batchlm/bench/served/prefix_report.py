@@ -9,6 +9,8 @@ with round k off, which ran back to back.
 
 from __future__ import annotations
 
+import statistics
+
 from batchlm.bench.served.request_record import distribution
 
 SIDES = ("on", "off")
@@ -119,35 +121,57 @@ def rows(runs: dict[str, list[dict]], workloads: list[str]) -> list[dict]:
 
 
 def goals(runs: dict[str, list[dict]], workloads: list[str]) -> list[dict]:
-    """The goals whose workload ran: what each asks, the measured ratio, and whether it holds."""
+    """The goals whose workload ran: what each asks, the measured ratio (pooled rounds), whether it holds,
+    and the ratio's median and range over the rounds, each round on over the off round beside it."""
     found = []
     for workload, key, what, bound, kind in GOALS:
         if workload not in workloads:
             continue
-        value = _ratio(figures(runs["on"], workload)[key], figures(runs["off"], workload)[key])
+        on, off = figures(runs["on"], workload), figures(runs["off"], workload)
+        value = _ratio(on[key], off[key])
+        each = [r for r in (_ratio(a, b) for a, b in zip(on[f"{key}_each"], off[f"{key}_each"])) if r is not None]
         asked = {"max": f"<= {bound}", "min": f">= {bound}", "near": f"within {bound:.0%} of 1"}[kind]
         held = value is not None and {"max": lambda v: v <= bound, "min": lambda v: v >= bound,
                                       "near": lambda v: abs(v - 1) <= bound}[kind](value)
-        found.append({"workload": workload, "goal": f"{what} {asked}", "measured": value, "met": held})
+        found.append({"workload": workload, "goal": f"{what} {asked}", "measured": value, "met": held,
+                      "rounds": {"median": statistics.median(each), "min": min(each), "max": max(each)}
+                      if each else None})
     return found
 
 
-def markdown(runs: dict[str, list[dict]], workloads: list[str], header: str) -> str:
-    """The report: `header` (what ran, the command, the machine), the table, the goals, the answers."""
+def markdown(runs: dict[str, list[dict]], workloads: list[str], header: str, bookkeeping: dict | None = None) -> str:
+    """The report: `header` (what ran, the command, the machine), the table, the goals, the answers, and
+    the scheduler's bookkeeping cost (batchlm.bench.prefix_bookkeeping.BookkeepingCost.as_dict()) if given."""
     lines = [header, "", "| workload | figure | cache on | cache off | on / off | on / off, each round |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['workload']} | {r['figure']} | {r['on']} | {r['off']} | {r['ratio']} | {r['each round']} |"
               for r in rows(runs, workloads)]
-    lines += ["", "| goal | measured | met |", "|---|---|---|"]
-    lines += [f"| {g['workload']}: {g['goal']} | {_num(g['measured'], '.2f')} | {'yes' if g['met'] else 'no'} |"
-              for g in goals(runs, workloads)]
+    lines += ["", "| goal | measured | met | rounds: median [min, max] |", "|---|---|---|---|"]
+    lines += [f"| {g['workload']}: {g['goal']} | {_num(g['measured'], '.2f')} | {'yes' if g['met'] else 'no'} | "
+              f"{_spread(g['rounds'])} |" for g in goals(runs, workloads)]
     lines.append("")
     for workload in workloads:
         same, total = identical_answers(runs, workload)
         failed = sum(figures(runs[s], workload)["requests"] - figures(runs[s], workload)["ok"] for s in SIDES)
         lines.append(f"- {workload}: {same}/{total} answers identical to the first round with the cache off "
                      f"(greedy){f'; {failed} requests failed' if failed else ''}.")
+    if bookkeeping is not None:
+        lines.append(bookkeeping_line(bookkeeping, figures(runs["off"], "control")["tpot_p50"]))
     return "\n".join(lines) + "\n"
+
+
+def _spread(rounds: dict | None) -> str:
+    return "-" if rounds is None else f"{rounds['median']:.2f} [{rounds['min']:.2f}, {rounds['max']:.2f}]"
+
+
+def bookkeeping_line(cost: dict, step_s: float | None) -> str:
+    """The scheduler's prefix bookkeeping per step, beside the served control's step (time per output token)."""
+    share = f", {100 * cost['extra_us'] / (step_s * 1e6):.2g}% of the served control's time per output token " \
+            f"({step_s * 1e3:.1f} ms, cache off)" if step_s else ""
+    return (f"- Bookkeeping, in process (batchlm.bench.prefix_bookkeeping; the scheduler with no model, through "
+            f"the control after a fill, evicting {cost['evictions']} cached blocks): "
+            f"{cost['on_us']:.0f} us per step with the cache on, {cost['off_us']:.0f} us off, "
+            f"{cost['extra_us']:+.0f} us{share}; median of {cost['repeats']} passes of {cost['steps']} steps.")
 
 
 def summary(runs: dict[str, list[dict]], workloads: list[str]) -> dict:
