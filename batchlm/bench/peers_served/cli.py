@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,7 +59,7 @@ from batchlm.bench.peers_served import measure
 from batchlm.bench.peers_served.report import ServedRow, format_ratios, format_table
 from batchlm.bench.peers_served.server import SERVERS, missing
 from batchlm.bench.peers_served.workload import ServedWorkloadSpec, build_workload
-from batchlm.paths import DEFAULT_MODEL
+from batchlm.paths import DEFAULT_MODEL, MODEL_ENV
 
 
 def _ints(text: str) -> list[int]:
@@ -82,7 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--agreement-prompts", type=int, default=8, help="0: no transformers reference")
     p.add_argument("--agreement-tokens", type=int, default=32)
     p.add_argument("--llama-args", default="--no-repack", help="more llama-server flags, one string")
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the checkpoint: a llama GGUF file")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL,
+                   help="the checkpoint: a llama GGUF file (default: the default model's), or a Hugging Face Llama "
+                        "folder (llama-q4_1 then serves it as an F32 GGUF file)")
     p.add_argument("--out", type=Path, default=Path("results/peers_served"))
     args = p.parse_args(argv)
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
@@ -97,18 +100,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-tokens, --threads and --agreement-tokens must be >= 1, --agreement-prompts >= 0")
     if args.agreement_tokens > args.max_tokens:
         p.error("--agreement-tokens must be <= --max-tokens")
-    if not args.model.is_file():
-        p.error(f"--model {args.model}: no such GGUF file")
+    if not args.model.exists():
+        p.error(f"--model {args.model}: no such file or folder")
     return args
 
 
 def converted(model: Path) -> tuple[Path, Path]:
-    """(the checkpoint as a float32 Hugging Face folder, as an F32 GGUF file), written once into .cache/peers/."""
+    """(the checkpoint as a float32 Hugging Face folder, as an F32 GGUF file), written once into .cache/peers/
+    where it is not one already."""
     from batchlm.bench.peers.checkpoint import CACHE_DIR
     from batchlm.bench.peers.llama_cpp_case import gguf_model_path
     from batchlm.model.gguf_export import export_hf
 
-    hf_dir = export_hf(model, CACHE_DIR / f"hf-{model.stem}")
+    hf_dir = model if model.is_dir() else export_hf(model, CACHE_DIR / f"hf-{model.stem}")
     return hf_dir, gguf_model_path(hf_dir)
 
 
@@ -119,11 +123,13 @@ def run_server(name: str, args: argparse.Namespace, plan: measure.Plan) -> list[
 
     try:
         if name == "llama-q4_1":
-            return measure.measure_llama(name, args.model, plan, args.prompt_tokens_max, tuple(args.llama_args.split()))
+            gguf = args.model if args.model.is_file() else converted(args.model)[1]
+            return measure.measure_llama(name, gguf, plan, args.prompt_tokens_max, tuple(args.llama_args.split()))
         if name == "llama-q8_0":
             gguf = q8_0_file(converted(args.model)[1])
             return measure.measure_llama(name, gguf, plan, args.prompt_tokens_max, tuple(args.llama_args.split()))
-        source = args.model if name == "openvino-gguf" else float32_ir(converted(args.model)[0])
+        gguf = args.model if args.model.is_file() else converted(args.model)[1]
+        source = gguf if name == "openvino-gguf" else float32_ir(converted(args.model)[0])
         return measure.measure_openvino(name, source, plan)
     except IrUnavailable as exc:
         return [ServedRow(name, c, status=f"skipped: {exc}") for c in plan.runs]
@@ -133,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from batchlm.model.tokenizer import Tokenizer
 
+    # NOTE: the served model reads $BATCHLM_MODEL before its config's model_dir: both name --model
+    os.environ[MODEL_ENV] = str(args.model.resolve())
     spec = ServedWorkloadSpec(args.seed, args.prompt_tokens_min, args.prompt_tokens_max, args.max_tokens)
     sequence = build_workload(spec, max(args.num_requests), args.model)
     runs = {c: sequence[:n] for c, n in zip(args.concurrency, args.num_requests)}

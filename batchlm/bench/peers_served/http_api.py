@@ -74,7 +74,10 @@ class HttpApi:
         texts: list[str] = []
         counted: int | None = None
         ended = False
-        with session.post(self.url(), json=self.body(request), stream=True, timeout=timeout) as r:
+        # NOTE: llama-server closes a connection after a streamed answer, and the next request on it fails
+        # with RemoteDisconnected: a new connection per request there
+        headers = {"Connection": "close"} if self.kind == "llama.cpp" else None
+        with session.post(self.url(), json=self.body(request), headers=headers, stream=True, timeout=timeout) as r:
             if r.status_code != 200:
                 raise StreamFailed(f"{self.url()} answered {r.status_code}: {r.text[:300]}")
             for event in sse_events(r):
