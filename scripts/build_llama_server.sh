@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's own `llama-server` and `llama-quantize` for `batchlm-bench peers-served`, from the
 # llama.cpp sources vendored in the llama-cpp-python sdist (the same llama.cpp the `peers` extra compiles).
-# Cached: a second run with the binaries present does nothing (~5-12 min the first time on 2 cores).
+# Cached: a second run with the binaries present does nothing (~10-20 min the first time on 2 cores).
 #
 # Usage: scripts/build_llama_server.sh [DEST]   (default: .cache/peers/llama.cpp)
 # Leaves DEST/bin/llama-server and DEST/bin/llama-quantize.
