@@ -57,7 +57,7 @@ from pathlib import Path
 
 from batchlm.bench.peers_served import measure
 from batchlm.bench.peers_served.report import ServedRow, format_ratios, format_table
-from batchlm.bench.peers_served.server import SERVERS, missing
+from batchlm.bench.peers_served.server import SERVERS, missing, versions
 from batchlm.bench.peers_served.workload import ServedWorkloadSpec, build_workload
 from batchlm.paths import DEFAULT_MODEL, MODEL_ENV
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "peers_served.md").write_text(text + "\n")
     (args.out / "peers_served.json").write_text(json.dumps(
         {"workload": {**spec.as_dict(), "requests": dict(zip(map(str, args.concurrency), args.num_requests))},
-         "model": str(args.model), "threads": args.threads, "llama_args": args.llama_args,
+         "model": str(args.model), "threads": args.threads, "llama_args": args.llama_args, "versions": versions(),
          "agreement": {"prompts": args.agreement_prompts, "tokens": args.agreement_tokens},
          "rows": [r.as_dict() for r in rows]}, indent=1) + "\n")
     print(f"wrote {args.out / 'peers_served.md'} and {args.out / 'peers_served.json'}")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,7 +35,7 @@ class Plan:
 
     runs: dict[int, list[ServedRequest]]   # concurrency -> its requests (prefixes of one sequence)
     reference: list[list[int]] | None      # transformers' first tokens of the first prompts; None: not checked
-    decode: object                         # token ids -> text (the project's tokenizer), for text-only APIs
+    decode: Callable[[list[int]], str]     # token ids -> text (the project's tokenizer), for text-only APIs
     out: Path                              # logs and repository copies go under it
     threads: int = 2
 
@@ -55,7 +56,8 @@ def http_run(api: HttpApi, requests_: list[ServedRequest], streams: int,
         return lambda request, t0: api.send(session, request, t0)
 
     warm = requests_[0]
-    api.send(requests.Session(), ServedRequest(warm.index, warm.prompt_ids, warm.text, 8), time.perf_counter())
+    with requests.Session() as session:
+        api.send(session, ServedRequest(warm.index, warm.prompt_ids, warm.text, 8), time.perf_counter())
     try:
         with PeakRss(pids) as rss:
             records = run_closed_loop(requests_, streams, make_sender)

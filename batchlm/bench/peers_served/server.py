@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
 
-from batchlm.bench.peers_served.llama_server import BUILD_HINT, binary
+from batchlm.bench.peers_served.llama_server import BUILD_HINT, LLAMA_CPP_DIR, binary
 
 EXTRA_HINT = "pip install -e '.[peers-served]' (make bench-peers-served installs it)"
 
@@ -38,3 +39,17 @@ def missing(server: Server) -> str | None:
     if server.family == "openvino" and importlib.util.find_spec("openvino_genai") is None:
         return f"skipped: openvino_genai is not installed ({EXTRA_HINT})"
     return None
+
+
+def versions() -> dict[str, str]:
+    """The peers' versions found here: the llama.cpp sources llama-server was built from, and packages."""
+    found = {}
+    stamp = LLAMA_CPP_DIR / "bin" / ".built-from"
+    if binary("llama-server") is not None and stamp.is_file():
+        found["llama-server"] = f"llama.cpp of {stamp.read_text().strip()}"
+    for dist in ("openvino-genai", "openvino", "transformers"):
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
