@@ -13,7 +13,7 @@ MODEL ?=
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: setup serve test test-slow unit bench-engine bench-peers bench-prefix compare eval clean
+.PHONY: setup serve test test-slow unit bench-engine bench-peers bench-peers-served bench-prefix compare eval clean
 
 setup:
 	@scripts/setup.sh
@@ -43,6 +43,17 @@ bench-engine: setup
 bench-peers: setup
 	.venv/bin/pip install -q -e '.[peers]'
 	.venv/bin/batchlm-bench peers $(PEERS_ARGS)
+
+# Served vs served: continuous_batching through Triton and the OpenAI frontend, llama.cpp's llama-server on
+# the Q4_1 file and a Q8_0 one, OpenVINO GenAI (in process) on a float32 IR and on the GGUF file, at 1, 8 and
+# 32 streams (~15 min on 2 cores): results/peers_served/. Installs the `peers-served` extra, builds
+# llama-server once (~10-20 min) and installs optimum-intel apart (docs/benchmarking.md, "Served vs served").
+# PEERS_SERVED_ARGS="--servers triton,llama-q4_1" to run fewer.
+bench-peers-served: setup
+	.venv/bin/pip install -q -e '.[peers-served]'
+	scripts/build_llama_server.sh
+	scripts/install_optimum_intel.sh
+	.venv/bin/batchlm-bench peers-served $(PEERS_SERVED_ARGS)
 
 # Prefix caching on and off, one server at a time, on multi-turn chat, a shared system prompt and prompts
 # sharing nothing (22 min on a 2-core VM shared with other work, less on idle cores): results/prefix_cache/.

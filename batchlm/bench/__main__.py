@@ -24,6 +24,8 @@ In process (the engine alone, no server):
     stop-cost        what stop strings cost per generated token
     guided           what guided decoding costs a step, and the two grammar libraries side by side
     peers            the engine next to transformers, CTranslate2 and llama.cpp on one workload (`make bench-peers`)
+Served vs served (each server through its own API):
+    peers-served     continuous_batching next to llama.cpp's server and OpenVINO GenAI (`make bench-peers-served`)
 
 `batchlm-bench SUBCOMMAND --help` prints each one's options.
 """
@@ -56,6 +58,7 @@ SUBCOMMANDS = {
     "stop-cost": "batchlm.bench.stop_cost",
     "guided": "batchlm.bench.guided",
     "peers": "batchlm.bench.peers.cli",
+    "peers-served": "batchlm.bench.peers_served.cli",
 }
 
 

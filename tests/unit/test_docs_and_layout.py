@@ -150,5 +150,6 @@ def test_no_file_patches_sys_path():
 
 def test_scripts_holds_only_what_a_user_runs():
     names = sorted(p.name for p in (PROJECT_ROOT / "scripts").iterdir() if p.name != "__pycache__")
-    assert names == ["build_trtllm_engine.py", "default-model.txt", "gpu_smoke.sh", "install_default_model.py",
-                     "make_tiny_model.py", "serve.py", "serve_trtllm.py", "setup.sh"]
+    assert names == ["build_llama_server.sh", "build_trtllm_engine.py", "default-model.txt", "gpu_smoke.sh",
+                     "install_default_model.py", "install_optimum_intel.sh", "make_tiny_model.py", "serve.py",
+                     "serve_trtllm.py", "setup.sh"]

@@ -1,0 +1,48 @@
+"""Greedy agreement with transformers: its `generate` on the same checkpoint gives the reference tokens of
+the workload's first prompts; a server agrees on a prompt when its first tokens are the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from batchlm.bench.peers_served.stats import StreamRecord
+from batchlm.bench.peers_served.workload import ServedRequest
+
+
+def reference_tokens(model: Path, requests: list[ServedRequest], new_tokens: int, threads: int = 2) -> list[list[int]]:
+    """transformers' greedy tokens (float32, eager attention, EOS ignored: min_new_tokens) for each request's
+    prompt ids, read from the checkpoint on disk alone (a GGUF file through transformers' own reader, or a
+    Hugging Face folder)."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    kwargs = {"dtype": torch.float32, "attn_implementation": "eager", "local_files_only": True}
+    if model.is_file():
+        hf = transformers.AutoModelForCausalLM.from_pretrained(model.parent, gguf_file=model.name, **kwargs)
+    else:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(model, **kwargs)
+    hf.eval()
+    tokens = []
+    with torch.inference_mode():
+        for request in requests:
+            prompt = torch.tensor([list(request.prompt_ids)])
+            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            tokens.append(out[0, prompt.shape[1]:].tolist())
+    return tokens
+
+
+def agrees(record: StreamRecord, reference: list[int], decode) -> bool:
+    """Whether the answer begins with the reference tokens: compared as ids where the API returned them,
+    else as text (the reference decoded by `decode`, the project's tokenizer)."""
+    if record.token_ids:
+        return list(record.token_ids[:len(reference)]) == reference
+    return record.text.startswith(decode(reference))
+
+
+def agreement(records: list[StreamRecord], reference: list[list[int]], decode) -> tuple[int, int]:
+    """(prompts that agree, prompts compared): the first len(reference) records of the workload."""
+    by_index = {r.index: r for r in records}
+    compared = [(by_index[i], ref) for i, ref in enumerate(reference) if i in by_index]
+    return sum(agrees(r, ref, decode) for r, ref in compared), len(compared)
