@@ -10,7 +10,7 @@ from batchlm.bench.peers_served.workload import ServedRequest
 
 
 def reference_tokens(model: Path, requests: list[ServedRequest], new_tokens: int, threads: int = 2) -> list[list[int]]:
-    """transformers' greedy tokens (float32, eager attention, EOS ignored: min_new_tokens) for each request's
+    """transformers' greedy tokens (float32, eager attention, EOS ignored, as the servers do) for each request's
     prompt ids, read from the checkpoint on disk alone (a GGUF file through transformers' own reader, or a
     Hugging Face folder)."""
     import torch
@@ -23,12 +23,15 @@ def reference_tokens(model: Path, requests: list[ServedRequest], new_tokens: int
     else:
         hf = transformers.AutoModelForCausalLM.from_pretrained(model, **kwargs)
     hf.eval()
+    # NOTE: EOS ignored as the servers ignore it: it may be the greedy token, and generation goes on after
+    # it. (min_new_tokens would instead forbid it and take the second best.)
+    hf.generation_config.eos_token_id = None
     tokens = []
     with torch.inference_mode():
         for request in requests:
             prompt = torch.tensor([list(request.prompt_ids)])
             out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+                              do_sample=False, pad_token_id=0)
             tokens.append(out[0, prompt.shape[1]:].tolist())
     return tokens
 
