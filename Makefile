@@ -56,7 +56,7 @@ bench-peers-served: setup
 	.venv/bin/batchlm-bench peers-served $(PEERS_SERVED_ARGS)
 
 # Prefix caching on and off, one server at a time, on multi-turn chat, a shared system prompt and prompts
-# sharing nothing (22 min on a 2-core VM shared with other work, less on idle cores): results/prefix_cache/.
+# sharing nothing (about 8 min on 2 idle cores): results/prefix_cache/.
 # PREFIX_ARGS="--model dynamic_batching" for another strategy (docs/benchmarking.md, "Prefix caching").
 bench-prefix: setup
 	.venv/bin/batchlm-bench prefix $(PREFIX_ARGS)
