@@ -5,26 +5,13 @@ stopped with its stubs, every figure and the agreement with transformers written
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from batchlm.paths import PROJECT_ROOT, TINY_MODEL_DIR
+from tests.functional.conftest import processes_naming
 
 SIZES = ["--servers", "triton,openai", "--concurrency", "2", "--num-requests", "3", "--max-tokens", "4",
          "--prompt-tokens-min", "1", "--prompt-tokens-max", "4000", "--agreement-prompts", "2",
          "--agreement-tokens", "4"]
-
-
-def _left_behind(marker: str) -> list[str]:
-    """Command lines of live processes that name `marker` (the repository copy: the server and its stub)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_text().replace("\0", " ")
-        except OSError:
-            continue
-        if marker in text and "pytest" not in text:
-            found.append(text[:120])
-    return found
 
 
 def test_peers_served_measures_both_paths_of_the_project_server_and_stops_it(tmp_path):
@@ -32,7 +19,7 @@ def test_peers_served_measures_both_paths_of_the_project_server_and_stops_it(tmp
                            str(TINY_MODEL_DIR), "--out", str(tmp_path)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert not _left_behind(str(tmp_path / "repository-2"))
+    assert not processes_naming(str(tmp_path / "repository-2"))
     doc = json.loads((tmp_path / "peers_served.json").read_text())
     assert [(r["server"], r["streams"], r["status"]) for r in doc["rows"]] == [("triton", 2, "ok"), ("openai", 2, "ok")]
     for row in doc["rows"]:

@@ -4,33 +4,20 @@ and one with it off, each stopped with its stubs; the same answers on both, hits
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from batchlm.paths import PROJECT_ROOT
+from tests.functional.conftest import processes_naming
 
 SIZES = ["--rounds", "1", "--conversations", "2", "--turns-min", "2", "--turns-max", "3", "--system-requests", "4",
          "--control-requests", "3", "--control-prompt-tokens-min", "20", "--control-prompt-tokens-max", "40",
          "--max-tokens", "4", "--concurrency", "2", "--stagger-ms", "50", "--think-ms", "50"]
 
 
-def _left_behind(marker: str) -> list[str]:
-    """Command lines of live processes that name `marker` (the variants' folder: the servers and their stubs)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_text().replace("\0", " ")
-        except OSError:
-            continue
-        if marker in text and "pytest" not in text:
-            found.append(text[:120])
-    return found
-
-
 def test_prefix_bench_serves_the_cache_on_and_off_with_the_same_answers(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "prefix", *SIZES, "--out", str(tmp_path)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert not _left_behind(str(tmp_path / "variants"))
+    assert not processes_naming(str(tmp_path / "variants"))
     doc = json.loads((tmp_path / "prefix_cache.json").read_text())
     assert doc["parameters"]["on"]["enable_prefix_caching"] == "true"
     assert doc["parameters"]["off"]["enable_prefix_caching"] == "false"
