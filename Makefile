@@ -61,8 +61,8 @@ bench-peers-served: setup
 bench-prefix: setup
 	.venv/bin/batchlm-bench prefix $(PREFIX_ARGS)
 
-# The measured comparison of the three strategies on the chat workload (about an hour on 2 cores;
-# COMPARE_ARGS="--repeats 1": 33 min): results/compare/, and the
+# The measured comparison of the three strategies on the chat workload (COMPARE_ARGS="--repeats 1":
+# 21 min on 2 cores; the default 3 rounds repeat the saturation runs): results/compare/, and the
 # table and plots copied to docs/results/. COMPARE_ARGS="--lock-file /tmp/x.lock" to share the CPU.
 compare: setup
 	.venv/bin/batchlm-bench compare --out results/compare --publish docs/results $(COMPARE_ARGS)
