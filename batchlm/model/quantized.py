@@ -48,6 +48,8 @@ def load_quantized(model: nn.Module, weights: GGUFWeights, share: bool = True) -
     With `share`, the packed blocks are written once beside the file (SharedPack) and every process maps
     that copy read-only, so the models of one server hold the weights once in memory."""
     targets = _targets(model, weights)
+    if not targets:  # nothing the file holds in a kept type (an F32 file, say)
+        return 0
     packed = SharedPack(weights.path, targets).load(lambda: _pack(weights, targets)) if share else None
     if packed is None:
         packed = _pack(weights, targets)
