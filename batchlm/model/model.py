@@ -60,8 +60,9 @@ class Linear(nn.Module):
       rows (bfloat16) up on AMD Zen 4. So in bfloat16 the rows go through it at most `ROWS_PER_CALL` at a
       time, which is enough on those Intel CPUs only.
     - "auto": the kernel where it has vector code, else oneDNN, else dense.
-    `load_quantized` instead keeps a GGUF file's Q4_0, Q4_1, Q8_0, F16 or BF16 blocks ("quantized":
-    batchlm::linear_q, batchlm/kernels/linear_quant.cpp), bit-identical to "kernel" over the dequantized weight.
+    `set_packed` instead holds a GGUF file's Q4_0, Q4_1, Q8_0, F16 or BF16 blocks ("quantized":
+    batchlm::linear_q, batchlm/kernels/linear_quant.cpp; batchlm/model/quantized.py packs them),
+    bit-identical to "kernel" over the dequantized weight.
     """
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32) -> None:
@@ -105,14 +106,6 @@ class Linear(nn.Module):
             return False
         self.packed, self.backend, self.weight = packed, "onednn", None
         return True
-
-
-    def load_quantized(self, qtype: str, raw: torch.Tensor) -> None:
-        """Hold the weight as GGUF blocks: `raw` (out_features, in_features / 32 blocks) uint8 of type `qtype`
-        (one of QUANTIZED_TYPES), packed for batchlm::linear_q; the dense weight is dropped."""
-        if raw.shape[0] != self.out_features:
-            raise ValueError(f"{qtype} blocks for {raw.shape[0]} rows do not fit {self.out_features}")
-        self.set_packed(qtype, torch.ops.batchlm.pack_linear_q(raw, QUANTIZED_TYPES[qtype]))
 
     def set_packed(self, qtype: str, packed: torch.Tensor) -> None:
         """Hold `packed` (pack_linear_q of this weight's blocks of type `qtype`); the dense weight is dropped."""
@@ -319,7 +312,8 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def linear_backend(self) -> str:
-        """What lm_head (and so every Linear, packed alike) multiplies with: "kernel", "onednn" or "dense"."""
+        """What lm_head (and so every Linear, packed alike) multiplies with: "kernel", "onednn", "quantized" or
+        "dense"."""
         return self.lm_head.backend
 
     def weight_plan(self) -> list[tuple[nn.Module, tuple[str, ...]]]:

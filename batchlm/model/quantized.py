@@ -2,7 +2,7 @@
 float32 copy.
 
 `load_quantized(model, weights)` gives every Linear whose tensors are all of one such type its blocks
-(Linear.load_quantized: batchlm::linear_q, batchlm/kernels/linear_quant.cpp), and the token embedding a
+(Linear.set_packed: batchlm::linear_q, batchlm/kernels/linear_quant.cpp), and the token embedding a
 lookup into them (QuantizedEmbedding: batchlm::embedding_q); the model's float32 copies of those weights are
 dropped unfilled. A weight is dequantized in registers as the `gguf` package (and so transformers) reads
 it, and every sum runs in batchlm::linear's order, so the model's outputs are bit-identical to the float32
@@ -16,13 +16,13 @@ import torch
 import torch.nn as nn
 
 from batchlm import kernels
-from batchlm.model.shared_pack import SharedPack
 from batchlm.model.gguf_file import QUANTIZED_TYPES, GGUFWeights
 from batchlm.model.model import Linear
+from batchlm.model.shared_pack import SharedPack
 
 
 class QuantizedEmbedding(nn.Module):
-    """Token id -> its row of a packed (Linear.load_quantized) matrix, dequantized: (T,) -> (T, D) float32."""
+    """Token id -> its row of a packed (Linear.set_packed) matrix, dequantized: (T,) -> (T, D) float32."""
 
     weight = None  # no dense table: LlamaForCausalLM.weight_plan skips it
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -31,13 +32,9 @@ class StreamRecord:
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100) with linear interpolation between the closest ranks; None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    """The q-th percentile (0-100), numpy's linear interpolation as the other served reports use; None if
+    empty."""
+    return float(np.percentile(values, q)) if values else None
 
 
 @dataclass(frozen=True)
