@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-from locust import events
+import gevent
+from locust import events, stats
 
 from batchlm.bench.workload import WorkloadRequest, WorkloadSpec, build_requests
 from batchlm.request_schema import request_fields
@@ -109,6 +110,19 @@ def _check_options(environment, **_kwargs) -> None:
     except ValueError as e:
         print(f"locust: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+# NOTE: Locust writes `--csv` files only from a greenlet that wakes every CSV_STATS_INTERVAL_SEC, never at
+# shutdown, so a run that ends within that interval of its last answers left those answers out of
+# `_stats.csv`. A shorter interval, and a pause when the users have stopped that lets the writer wake
+# twice, put every answer in the files.
+stats.CSV_STATS_INTERVAL_SEC = 0.1
+
+
+@events.test_stop.add_listener
+def _let_the_csv_writer_catch_up(environment, **_kwargs) -> None:
+    if getattr(environment.parsed_options, "csv_prefix", None):
+        gevent.sleep(3 * stats.CSV_STATS_INTERVAL_SEC)
 
 
 class RequestFeed:

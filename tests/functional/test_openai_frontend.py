@@ -255,11 +255,12 @@ def test_concurrent_streams_each_get_their_whole_answer(sdk, triton):
 
 
 def test_locust_openai_user_reports_ttft_and_e2e(frontend, tmp_path):
-    """locustfiles/openai_user.py, headless for 3 s: streamed chats, TTFT before E2E, no failure."""
+    """locustfiles/openai_user.py, headless for 3 s (and the answers still on their way): streamed chats, TTFT
+    before E2E, no failure."""
     prefix, log = tmp_path / "run", tmp_path / "locust.log"
     command = [str(Path(sys.executable).parent / "locust"), "-f", "locustfiles/openai_user.py", "--headless",
                "--host", frontend, "--model", "continuous_batching", "-u", "2", "-r", "2", "-t", "3s",
-               "--csv", str(prefix), "--output-mean", "8", "--output-cap", "16"]
+               "--stop-timeout", "60", "--csv", str(prefix), "--output-mean", "8", "--output-cap", "16"]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
