@@ -127,6 +127,16 @@ inline void dequantize_column(const uint8_t* tile, int64_t c, float* out) {
   }
 }
 
+// body(hi, k) for k = 0 .. 31 in order, hi (a std::bool_constant) telling the Q4 types' high nibbles
+// (k >= 16) at compile time, so no iteration picks between the two.
+template <int64_t Q, typename Body>
+inline void for_each_k(Body body) {
+  constexpr bool kNibbles = Q == kQ4_0 || Q == kQ4_1;
+  for (int64_t k = 0; k < (kNibbles ? kBlock / 2 : kBlock); ++k) body(std::false_type{}, k);
+  if constexpr (kNibbles)
+    for (int64_t k = kBlock / 2; k < kBlock; ++k) body(std::true_type{}, k);
+}
+
 #ifdef __AVX512F__
 // A tile's d (and m) as float32 vectors of 16 columns each (exact conversions).
 struct TileScales {
@@ -164,14 +174,42 @@ inline __m512 tile_weights(const uint8_t* q, int64_t k, int v, const TileScales&
   }
 }
 
-// body(hi, k) for k = 0 .. 31 in order, hi (a std::bool_constant) telling the Q4 types' high nibbles
-// (k >= 16) at compile time, so no iteration picks between the two.
-template <int64_t Q, typename Body>
-inline void for_each_k(Body body) {
-  constexpr bool kNibbles = Q == kQ4_0 || Q == kQ4_1;
-  for (int64_t k = 0; k < (kNibbles ? kBlock / 2 : kBlock); ++k) body(std::false_type{}, k);
-  if constexpr (kNibbles)
-    for (int64_t k = kBlock / 2; k < kBlock; ++k) body(std::true_type{}, k);
+#elif defined(BATCHLM_F32_VECTOR) && defined(__F16C__)
+#define BATCHLM_Q_AVX2 1
+// AVX2: 8 columns a vector, a tile read a quarter (16 columns, two vectors) at a time. The operations and
+// so the bits are the AVX-512 path's.
+struct QuarterScales {
+  __m256 d[2], m[2];
+};
+
+template <int64_t Q>
+inline QuarterScales quarter_scales(const uint8_t* tile, int64_t c0) {  // columns c0 .. c0 + 15
+  QuarterScales s;
+  if constexpr (Q == kF16 || Q == kBF16) return s;  // no scales
+  for (int v = 0; v < 2; ++v) {
+    s.d[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + 2 * (c0 + 8 * v))));
+    if constexpr (Q == kQ4_1)
+      s.m[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + 2 * (kCols + c0 + 8 * v))));
+  }
+  return s;
+}
+
+// Columns c .. c + 7 of a tile's q at k (< 32), dequantized with scales d (and m) of those columns.
+template <int64_t Q, bool Hi>
+inline __m256 tile_weights8(const uint8_t* q, int64_t k, int64_t c, __m256 d, __m256 m) {
+  if constexpr (Q == kF16 || Q == kBF16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 2 * (k * kCols + c)));
+    if constexpr (Q == kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else if constexpr (Q == kQ8_0) {
+    const __m256i i = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k * kCols + c)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(i), d);
+  } else {
+    __m256i i = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + (k & 15) * kCols + c)));
+    i = Hi ? _mm256_srli_epi32(i, 4) : _mm256_and_si256(i, _mm256_set1_epi32(15));
+    if constexpr (Q == kQ4_1) return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), m);
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(i, _mm256_set1_epi32(8))));
+  }
 }
 #endif
 
@@ -183,6 +221,15 @@ inline void dequantize_tile(const uint8_t* __restrict tile, float* __restrict s)
   for_each_k<Q>([&](auto hi, int64_t k) {
     for (int v = 0; v < 4; ++v) _mm512_storeu_ps(s + k * kCols + 16 * v, tile_weights<Q, hi>(q, k, v, sc));
   });
+#elif defined(BATCHLM_Q_AVX2)
+  const uint8_t* q = tile + scales_bytes(Q);
+  for (int64_t c0 = 0; c0 < kCols; c0 += 16) {
+    const QuarterScales sc = quarter_scales<Q>(tile, c0);
+    for_each_k<Q>([&](auto hi, int64_t k) {
+      for (int v = 0; v < 2; ++v)
+        _mm256_storeu_ps(s + k * kCols + c0 + 8 * v, tile_weights8<Q, hi>(q, k, c0 + 8 * v, sc.d[v], sc.m[v]));
+    });
+  }
 #else
   dequantize_tile_scalar<Q>(tile, s);
 #endif

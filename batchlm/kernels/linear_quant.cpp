@@ -22,8 +22,9 @@
 // multiplied by every row of the chunk, 6 rows at a time, their sums carried from tile to tile
 // (tile_block). Either way every output is the same fma chain over k as batchlm::linear over the
 // dequantized W (acc = fma(x[k], w[k], acc) from zero, k ascending): bit-identical to it, and
-// batch-invariant as it is. Without AVX-512, a group is dequantized whole into a scratch and multiplied by
-// linear.cpp's register blocks (the same chain).
+// batch-invariant as it is. AVX2 (with FMA and F16C) runs both forms a quarter tile (16 columns) at a
+// time. Without vector code, a group is dequantized whole into a scratch and multiplied by linear.cpp's
+// blocks (the same chain).
 //
 // Why: a decode step streams every weight. Q4_1 is 5 bits a weight (Q4_0 4.5, Q8_0 8.5, F16/BF16 16)
 // against float32's 32, so at small batches, where the step waits on memory, it reads a sixth of the
@@ -96,11 +97,72 @@ void tile_block(const float* __restrict x, int64_t K, const float* __restrict s,
     for (int v = 0; v < 4; ++v) _mm512_storeu_ps(part + r * kCols + 16 * v, acc[r][v]);
 }
 
+#elif defined(BATCHLM_Q_AVX2)
+// AVX2 forms of the two blocks above: the same chains, a quarter of the columns (16) at a time, so that
+// R x 2 sums, the quarter's scales, two weight vectors and a broadcast fit 16 registers.
+template <int64_t Q, int R>
+void block_q(const float* __restrict x, int64_t K, const uint8_t* __restrict group, float* __restrict out, int64_t n,
+             int64_t ncols) {
+  const int64_t NB = K / kBlock, tb = tile_bytes(Q);
+  for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
+    __m256 acc[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < NB; ++b) {
+      const uint8_t* tile = group + b * tb;
+      const QuarterScales s = quarter_scales<Q>(tile, c0);
+      const uint8_t* q = tile + scales_bytes(Q);
+      const float* xb = x + b * kBlock;
+      const char* ahead = reinterpret_cast<const char*>(tile) + kPrefetchTiles * tb;
+      for_each_k<Q>([&](auto hi, int64_t k) {
+        if (c0 == 0 && 64 * k < tb) _mm_prefetch(ahead + 64 * k, _MM_HINT_T0);  // the first quarter's pass
+        const __m256 w0 = tile_weights8<Q, hi>(q, k, c0, s.d[0], s.m[0]);
+        const __m256 w1 = tile_weights8<Q, hi>(q, k, c0 + 8, s.d[1], s.m[1]);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m256 xr = _mm256_broadcast_ss(xb + r * K + k);
+          acc[r][0] = _mm256_fmadd_ps(xr, w0, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(xr, w1, acc[r][1]);
+        }
+      });
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) store_quarter(out + r * n + c0, acc[r][0], acc[r][1], ncols - c0);
+  }
+}
+
+template <int R>
+void tile_block(const float* __restrict x, int64_t K, const float* __restrict s, float* __restrict part, bool first) {
+  for (int64_t c0 = 0; c0 < kCols; c0 += 16) {
+    __m256 acc[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 2; ++v)
+        acc[r][v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(part + r * kCols + c0 + 8 * v);
+    for (int64_t k = 0; k < kBlock; ++k) {
+      const __m256 w0 = _mm256_load_ps(s + k * kCols + c0), w1 = _mm256_load_ps(s + k * kCols + c0 + 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
+        acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 2; ++v) _mm256_storeu_ps(part + r * kCols + c0 + 8 * v, acc[r][v]);
+  }
+}
+#endif
+
+#if defined(__AVX512F__) || defined(BATCHLM_Q_AVX2)
+#define BATCHLM_Q_VECTOR 1
 using TileBlockFn = void (*)(const float*, int64_t, const float*, float*, bool);
 constexpr TileBlockFn kTileBlocks[kRows + 1] = {nullptr,       tile_block<1>, tile_block<2>, tile_block<3>,
                                                 tile_block<4>, tile_block<5>, tile_block<6>};
 
-constexpr int kFusedRows = 4;  // 16 accumulators + 8 scales + 4 weights + a broadcast: 29 of 32 registers
+// AVX-512: 16 accumulators + 8 scales + 4 weights + a broadcast, 29 of 32 registers; AVX2: 8 + 4 + 2 + 1 of 16
+constexpr int kFusedRows = 4;
 constexpr int64_t kFusedMaxRows = 4;  // a chunk of up to this many rows skips the scratch group
 
 template <int64_t Q>
@@ -121,7 +183,7 @@ void run_q(const float* x, const uint8_t* w, float* out, int64_t T, int64_t K, i
     batchlm::for_each_item(G, [] { return 0; }, [&](int, int64_t g, int64_t) {
       const uint8_t* group = w + g * group_bytes;
       const int64_t ncols = std::min(kCols, n - g * kCols);
-#ifdef __AVX512F__
+#ifdef BATCHLM_Q_VECTOR
       if (rows <= kFusedMaxRows) {
         for (int64_t r = 0; r < rows; r += kFusedRows) {
           const int R = static_cast<int>(std::min<int64_t>(kFusedRows, rows - r));
@@ -236,7 +298,7 @@ at::Tensor embedding_q(const at::Tensor& packed, int64_t qtype, const at::Tensor
 }
 
 bool linear_q_is_native() {
-#ifdef BATCHLM_F32_VECTOR
+#ifdef BATCHLM_Q_VECTOR
   return true;
 #else
   return false;

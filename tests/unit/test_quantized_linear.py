@@ -34,7 +34,7 @@ PROMPTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog and 
 @pytest.fixture(scope="module", autouse=True)
 def native():
     if not kernels.linear_q_is_native():
-        pytest.skip("batchlm::linear_q has no vector code here (needs AVX-512, or AVX2 with FMA)")
+        pytest.skip("batchlm::linear_q has no vector code here (needs AVX-512, or AVX2 with FMA and F16C)")
 
 
 def quantized(kind: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
