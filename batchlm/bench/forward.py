@@ -3,7 +3,7 @@
     batchlm-bench forward [--model models/tiny-random] [--context 128] [--threads 2]
                                     [--batch-sizes 1,2,4,8,16] [--dtype float32|bfloat16] [--prompt-len 0]
                                     [--profile] [--linear auto|kernel|onednn] [--pointwise auto|kernel|torch]
-                                    [--weights auto|dense]
+                                    [--weights auto|dense] [--activations float32|int8]
                                     [--interfere SECONDS]
 
 Prints ms per step and tokens/s per batch size, and the batch-8 / batch-1 tokens/s ratio; with
@@ -14,7 +14,8 @@ rest, gives the linears' GFLOP/s, and first times a 1024 x 1024 x 1024 matmul in
 close the linears run to what this CPU's matmul can do. `--linear` picks the packed matmul
 (LlamaForCausalLM.prepack_linears): the batchlm kernel or oneDNN, to compare the two; `--pointwise` the
 element-wise ops (LlamaForCausalLM.set_pointwise): the batchlm kernels or torch's; `--weights` whether a
-GGUF file's quantized tensors stay quantized (batchlm/model/quantized.py) or are dequantized.
+GGUF file's quantized tensors stay quantized (batchlm/model/quantized.py) or are dequantized, and
+`--activations int8` multiplies them against int8 activations (batchlm::linear_q8).
 `--interfere S` also times each batch size's decode step for S seconds alone and S seconds beside two
 processes that each spin SPIN_S of a core every SPIN_S + SLEEP_S (what a server's and a client's
 wake-ups do to the engine on a shared machine), and prints the two mean step times and their ratio:
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from batchlm.model.backends import LINEAR_BACKENDS, POINTWISE_BACKENDS, WEIGHTS_CHOICES
+from batchlm.model.backends import ACTIVATIONS_CHOICES, LINEAR_BACKENDS, POINTWISE_BACKENDS, WEIGHTS_CHOICES
 from batchlm.model.checkpoint import load_model
 from batchlm.model.forward_batch import ForwardBatch
 from batchlm.model.kv_cache import KVCache
@@ -126,7 +127,8 @@ def matmul_peak(dtype: torch.dtype, n: int = 1024) -> float:
     return 2 * n ** 3 / sorted(times)[len(times) // 5] / 1e9
 
 
-LINEAR_OPS = ("batchlm::linear", "batchlm::linear_q", "mkldnn::_linear_pointwise", "aten::addmm", "aten::mm")
+LINEAR_OPS = ("batchlm::linear", "batchlm::linear_q", "batchlm::linear_q8", "mkldnn::_linear_pointwise", "aten::addmm",
+              "aten::mm")
 ATTENTION_OPS = ("batchlm::paged_attention", "aten::_scaled_dot_product_flash_attention_for_cpu")
 
 
@@ -160,13 +162,16 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="split each forward into linears, attention, rest")
     ap.add_argument("--linear", choices=LINEAR_BACKENDS, default="auto", help="packed matmul")
     ap.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto", help="GGUF quantized tensors kept or not")
+    ap.add_argument("--activations", choices=ACTIVATIONS_CHOICES, default="float32",
+                    help="what kept Q4_0/Q4_1/Q8_0 tensors multiply (int8: batchlm::linear_q8)")
     ap.add_argument("--pointwise", choices=POINTWISE_BACKENDS, default="auto", help="element-wise ops")
     ap.add_argument("--interfere", type=float, default=0, metavar="SECONDS",
                     help="also time decode steps alone and beside two spinning processes, this long each")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    model = load_model(args.model, dtype=dtype, linear=args.linear, pointwise=args.pointwise, weights=args.weights)
+    model = load_model(args.model, dtype=dtype, linear=args.linear, pointwise=args.pointwise, weights=args.weights,
+                       activations=args.activations)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     block_size = 16
     tokens = max(args.context, args.prompt_len)

@@ -222,7 +222,7 @@ def load_parts(model_dir: str | Path, config: EngineConfig) -> tuple[torch.nn.Mo
     _set_threads(config)
     model = load_model(model_dir, device=config.device, dtype=getattr(torch, config.resolved_dtype),
                        attention=config.attention, linear=config.linear, pointwise=config.pointwise,
-                       weights=config.weights)
+                       weights=config.weights, activations=config.activations)
     return model, Tokenizer.from_dir(model_dir)
 
 

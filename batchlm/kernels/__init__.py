@@ -3,9 +3,10 @@
     python -m batchlm.kernels        # build (scripts/setup.sh does this), then load and print the op names
 
 `load()` registers `torch.ops.batchlm.paged_attention`, `.linear`, `.pack_linear`, `.linear_is_native`,
-`.linear_q`, `.pack_linear_q`, `.embedding_q`, `.linear_q_is_native`, `.rms_norm`, `.add_rms_norm`,
-`.silu_mul` and `.rope_write_kv` (see paged_attention.cpp, linear.cpp, linear_quant.cpp and pointwise.cpp
-for their contracts) if the library was built for this exact
+`.linear_q`, `.pack_linear_q`, `.embedding_q`, `.linear_q_is_native`, `.linear_q8`, `.pack_linear_q8`,
+`.linear_q8_is_native`, `.rms_norm`, `.add_rms_norm`,
+`.silu_mul` and `.rope_write_kv` (see paged_attention.cpp, linear.cpp, linear_quant.cpp, linear_int8.cpp and
+pointwise.cpp for their contracts) if the library was built for this exact
 source, torch version, compiler flags and CPU; it never compiles, so a server process never waits on a
 compiler. Callers fall back to the torch path when it returns False.
 The library goes to `batchlm/kernels/build/` (ignored by git), one file per key, so a stale build is never
@@ -30,7 +31,8 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "paged_attention.cpp", HERE / "linear.cpp", HERE / "linear_quant.cpp", HERE / "pointwise.cpp")
+SOURCES = (HERE / "paged_attention.cpp", HERE / "linear.cpp", HERE / "linear_quant.cpp", HERE / "linear_int8.cpp",
+           HERE / "pointwise.cpp")
 # included by the sources: part of the library's key, not compiled alone
 HEADERS = (HERE / "scalar_math.h", HERE / "work_split.h", HERE / "linear_blocks.h", HERE / "gguf_tiles.h")
 BUILD_DIR = HERE / "build"
@@ -156,5 +158,11 @@ def linear_is_native(dtype: torch.dtype) -> bool:
 
 def linear_q_is_native() -> bool:
     """True if the library is built and `torch.ops.batchlm.linear_q` has vector code here (AVX-512, or AVX2
-    with FMA); without it the op runs (a scalar loop, the same bits) but slower than dense float32."""
+    with FMA and F16C); without it the op runs (a scalar loop, the same bits) but slower than dense float32."""
     return load() and torch.ops.batchlm.linear_q_is_native()
+
+
+def linear_q8_is_native() -> bool:
+    """True if the library is built and `torch.ops.batchlm.linear_q8` (int8 activations) has vector code
+    here (AVX2); without it the op runs a scalar loop (the same bits), far slower than linear_q."""
+    return load() and torch.ops.batchlm.linear_q8_is_native()

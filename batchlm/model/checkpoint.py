@@ -22,7 +22,7 @@ from batchlm.errors import InvalidArgument
 from batchlm.model.gguf_file import GGUFWeights
 from batchlm.model.model import LlamaForCausalLM
 from batchlm.model.model_config import ModelConfig
-from batchlm.model.backends import WEIGHTS_CHOICES
+from batchlm.model.backends import ACTIVATIONS_CHOICES, WEIGHTS_CHOICES
 from batchlm.model.quantized import can_hold_quantized, load_quantized
 
 # Bump when the bytes write_default_checkpoint produces for a given seed change.
@@ -186,7 +186,8 @@ def train_tokenizer(seed: int, vocab_size: int):
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None, attention: str = "auto",
-               linear: str = "auto", pointwise: str = "auto", weights: str = "auto") -> LlamaForCausalLM:
+               linear: str = "auto", pointwise: str = "auto", weights: str = "auto",
+               activations: str = "float32") -> LlamaForCausalLM:
     """Load a Llama-family checkpoint from local disk (a HF folder or a GGUF file), in eval mode; `.config`
     is its ModelConfig.
 
@@ -195,10 +196,15 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     (LlamaForCausalLM.prepack_linears), `pointwise` the element-wise ops (LlamaForCausalLM.set_pointwise).
     `weights` "auto" keeps a GGUF file's Q4_0, Q4_1, Q8_0, F16 and BF16 tensors as stored where they can
     run (batchlm/model/quantized.py: a float32 CPU model, `linear` "auto" or "kernel"); "dense"
-    dequantizes every tensor to `dtype`.
+    dequantizes every tensor to `dtype`. `activations` "int8" multiplies the kept Q4_0, Q4_1 and Q8_0 tensors
+    against activations rounded to int8 (quantized.py; where it has no vector code, a warning and float32).
     """
     if weights not in WEIGHTS_CHOICES:
         raise InvalidArgument("weights", f"must be one of {WEIGHTS_CHOICES}, got {weights!r}")
+    if activations not in ACTIVATIONS_CHOICES:
+        raise InvalidArgument("activations", f"must be one of {ACTIVATIONS_CHOICES}, got {activations!r}")
+    if activations == "int8" and weights == "dense":
+        raise InvalidArgument("activations", "int8 multiplies the file's blocks as stored: needs weights 'auto'")
     config = ModelConfig.from_dir(model_dir)
     device = torch.device(device)
     if dtype is None:
@@ -207,7 +213,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     tensors = checkpoint_weights(model_dir)
     if weights == "auto" and linear in ("auto", "kernel") and isinstance(tensors, GGUFWeights) \
             and can_hold_quantized(model):
-        load_quantized(model, tensors)
+        load_quantized(model, tensors, activations=activations)
     model.load_hf_state_dict(tensors)
     if isinstance(tensors, GGUFWeights):
         tensors.unmap()

@@ -62,7 +62,8 @@ class Linear(nn.Module):
     - "auto": the kernel where it has vector code, else oneDNN, else dense.
     `set_packed` instead holds a GGUF file's Q4_0, Q4_1, Q8_0, F16 or BF16 blocks ("quantized":
     batchlm::linear_q, batchlm/kernels/linear_quant.cpp; batchlm/model/quantized.py packs them),
-    bit-identical to "kernel" over the dequantized weight.
+    bit-identical to "kernel" over the dequantized weight; or, with `int8`, Q4_0, Q4_1 or Q8_0 blocks
+    multiplied against activations rounded to int8 ("int8": batchlm::linear_q8, linear_int8.cpp).
     """
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32) -> None:
@@ -70,14 +71,16 @@ class Linear(nn.Module):
         self.out_features = out_features
         self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.packed: torch.Tensor | None = None  # the weight in `backend`'s layout once prepacked
-        self.backend = "dense"  # what forward multiplies with: "kernel", "onednn", "quantized" or "dense"
-        self.qtype: str | None = None  # "quantized": the GGUF type of `packed`
+        self.backend = "dense"  # what forward multiplies with: "kernel", "onednn", "quantized", "int8", "dense"
+        self.qtype: str | None = None  # "quantized", "int8": the GGUF type of `packed`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "kernel":
             return torch.ops.batchlm.linear(x, self.packed, self.out_features)  # (T, in) -> (T, out)
         if self.backend == "quantized":
             return torch.ops.batchlm.linear_q(x, self.packed, QUANTIZED_TYPES[self.qtype], self.out_features)
+        if self.backend == "int8":
+            return torch.ops.batchlm.linear_q8(x, self.packed, QUANTIZED_TYPES[self.qtype], self.out_features)
         if x.dtype is torch.float32 or x.shape[0] <= ROWS_PER_CALL:
             return self._matmul(x)  # (T, in) -> (T, out)
         return torch.cat([self._matmul(rows) for rows in x.split(ROWS_PER_CALL)])  # (T, out)
@@ -107,12 +110,14 @@ class Linear(nn.Module):
         self.packed, self.backend, self.weight = packed, "onednn", None
         return True
 
-    def set_packed(self, qtype: str, packed: torch.Tensor) -> None:
-        """Hold `packed` (pack_linear_q of this weight's blocks of type `qtype`); the dense weight is dropped."""
+    def set_packed(self, qtype: str, packed: torch.Tensor, int8: bool = False) -> None:
+        """Hold `packed` (pack_linear_q of this weight's blocks of type `qtype`, or pack_linear_q8 with `int8`);
+        the dense weight is dropped."""
         groups = -(-self.out_features // 64)
         if packed.dim() != 3 or packed.shape[0] != groups:
             raise ValueError(f"packed {qtype} blocks {tuple(packed.shape)} do not fit {self.out_features} rows")
-        self.packed, self.backend, self.qtype, self.weight = packed, "quantized", qtype, None
+        self.packed, self.qtype, self.weight = packed, qtype, None
+        self.backend = "int8" if int8 else "quantized"
 
 
 _PACK_FOR_ROWS = 8  # oneDNN picks its blocked layout for this many input rows (a decode batch)

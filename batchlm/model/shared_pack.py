@@ -1,13 +1,14 @@
 """SharedPack: a GGUF file's packed blocks (batchlm/model/quantized.py) written once beside the file and
 mapped read-only by every process that loads it, so the three models of one server hold them once.
 
-The pack lies at `<dir>/.<file name>.packed-<key>` (the blocks, each at a 64-byte offset) with a
-`.json` index (each tensor's offset and shape), where the key covers the file (its resolved path, size and
+The pack lies at `<dir>/.<file name>.packed-<key>` (the blocks, each at a 64-byte offset) with a `.json`
+index (each tensor's offset and shape), where the key covers the file (its resolved path, size and
 modification time), the kernel library (whose name changes with the tiles' layout) and which tensors are
-packed, as which type. The first process to take the lock packs and writes it (to a temporary name,
-renamed into place: no reader sees half a pack); the others wait on the lock, then map it. Packs of the
-same file under other keys are removed when a new one is written. Where the folder is not writable the
-caller packs in its own memory.
+packed, as which type, for which kernel (`layouts`: "float32" for linear_q, "int8" for linear_q8). The first
+process to take the lock packs and writes it (to a temporary name, renamed into place: no reader sees half a
+pack); the others wait on the lock, then map it. Packs of the same file under other keys are removed when a
+new one is written. Where the folder is not writable the caller
+packs in its own memory.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ ALIGN = 64  # bytes: each tensor starts on a cache line
 
 
 class SharedPack:
-    def __init__(self, path: Path, targets: Sequence[tuple[object, str, tuple[str, ...]]]) -> None:
+    def __init__(self, path: Path, targets: Sequence[tuple[object, str, tuple[str, ...]]],
+                 layouts: Sequence[str]) -> None:
         path = Path(path).resolve()
         st = path.stat()
         what = [str(path), st.st_size, st.st_mtime_ns, kernels.library_path().name,
-                [[qtype, list(names)] for _, qtype, names in targets]]
+                [[qtype, layout, list(names)] for (_, qtype, names), layout in zip(targets, layouts)]]
         key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
         self.prefix = path.parent / f".{path.name}.packed-"
         self.data = Path(f"{self.prefix}{key}")

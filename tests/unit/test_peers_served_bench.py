@@ -195,6 +195,18 @@ def test_the_tables_show_every_row_and_the_subjects_ratio_over_each_peer():
     assert "| n/a | n/a |" in ratios and "continuous_batching, Triton generate_stream |" not in ratios.splitlines()[2]
 
 
+def test_the_int8_run_gets_its_own_ratios_over_each_server():
+    rows = [_row("triton", 8, 160), _row("triton-int8", 8, 320, agree=(6, 8)), _row("llama-q4_1", 8, 80)]
+    assert ratio(rows, "llama-q4_1", 8, "triton-int8") == 4.0
+    first, fast = format_ratios(rows).split("\n\n")
+    assert "| continuous_batching, int8 activations, Triton generate_stream | 0.50x |" in first
+    assert fast.startswith("| continuous_batching, int8 activations, Triton generate_stream over | 8 streams |")
+    assert "| llama-server, shipped Q4_1 file | 4.00x |" in fast
+    assert "| continuous_batching, Triton generate_stream | 2.00x |" in fast
+    assert "\n\n" not in format_ratios(rows[:1] + rows[2:])  # no int8 run, no second table
+    assert "6/8" in format_table(rows)
+
+
 def test_a_missing_peer_is_skipped_naming_what_provides_it(monkeypatch):
     monkeypatch.setattr(server_module, "binary", lambda name: None)
     assert "scripts/build_llama_server.sh" in missing(SERVERS["llama-q8_0"])

@@ -1,8 +1,8 @@
 """Served vs served: the project's `continuous_batching` next to llama.cpp's server and OpenVINO GenAI, each
 through its own API, on one workload, at 1, 8 and 32 concurrent streams, one server at a time.
 
-    batchlm-bench peers-served [--servers triton,openai,llama-q4_1,llama-q8_0,openvino-ir-f32,openvino-ir,
-                                openvino-gguf] [--concurrency 1,8,32] [--num-requests 8,32,64]
+    batchlm-bench peers-served [--servers triton,openai,triton-int8,llama-q4_1,llama-q8_0,openvino-ir-f32,
+                                openvino-ir,openvino-gguf] [--concurrency 1,8,32] [--num-requests 8,32,64]
                                [--max-tokens 128] [--out results/peers_served]
     make bench-peers-served    (installs the `peers-served` extra, builds llama-server once; ~15 min on 2 cores)
 
@@ -17,6 +17,8 @@ same sequence. Every server gets a warm-up request before each run. The servers:
               model loaded, on free loopback ports; one server start per concurrency.
 - openai:     the same server through the project's OpenAI frontend, `/v1/completions` streamed
               (`ignore_eos`), on the same start as triton's run.
+- triton-int8: as triton, on a server of its own whose copy of the config also sets `activations` "int8"
+              (the fast tier: batchlm::linear_q8).
 - llama-q4_1: llama.cpp's own `llama-server` (scripts/build_llama_server.sh builds it from the llama.cpp
               that llama-cpp-python 0.3.36 vendors) on the checkpoint's GGUF file, its native `/completion`
               (`ignore_eos`, `top_k` 1, `return_tokens`), `-t`/`-tb` --threads, `--parallel` = the
@@ -40,10 +42,10 @@ output) / (tokens - 1)), peak RSS (the server's processes summed, sampled every 
 tritonserver and the model's stub, plus the frontend for openai; llama-server; OpenVINO's process, the
 clients included) and greedy agreement with transformers: `generate` (float32, EOS ignored) on the same
 checkpoint gives the first --agreement-tokens tokens of the first --agreement-prompts prompts; a prompt
-agrees when the server's answer to it in that run begins with them (token ids where the API returns
-them, else the text). Then the ratios: `continuous_batching` through Triton over each server, output
-tok/s, per concurrency. Writes peers_served.json and peers_served.md under --out, the servers' logs under
---out/logs.
+agrees when the server's answer to it in that run begins with them (token ids where the API returns them,
+else the text). Then the ratios: `continuous_batching` through Triton over each server, output tok/s, per
+concurrency, and where triton-int8 ran, the same over it. Writes peers_served.json and peers_served.md under
+--out, the servers' logs under --out/logs.
 """
 
 from __future__ import annotations
@@ -164,7 +166,12 @@ def main(argv: list[str] | None = None) -> int:
             rows += [ServedRow(name, c, status=reason) for c in runs]
             print(f"{name}: {reason}", flush=True)
             continue
-        rows += measure.measure_triton(triton, plan, args.model) if name in triton else run_server(name, args, plan)
+        if name in triton:
+            rows += measure.measure_triton(triton, plan, args.model)
+        elif SERVERS[name].family == "triton-int8":
+            rows += measure.measure_triton([name], plan, args.model, activations="int8")
+        else:
+            rows += run_server(name, args, plan)
         print(f"{'/'.join(triton) if name in triton else name}: done ({time.perf_counter() - start:.0f} s)", flush=True)
     rows.sort(key=lambda r: (args.servers.index(r.server), r.streams))
     text = f"{format_table(rows)}\n\n{format_ratios(rows)}"

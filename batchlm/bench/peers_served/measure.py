@@ -72,16 +72,17 @@ def _failed(server: str, streams: int, exc: BaseException) -> ServedRow:
     return ServedRow(server, streams, status=f"failed: {type(exc).__name__}: {str(exc)[:200]}")
 
 
-def measure_triton(servers: list[str], plan: Plan, model: Path | None) -> list[ServedRow]:
+def measure_triton(servers: list[str], plan: Plan, model: Path | None, activations: str = "float32") -> list[ServedRow]:
     """`continuous_batching` at each concurrency on one server start: through Triton's generate_stream
-    ("triton") and the OpenAI frontend ("openai"), whichever `servers` names, in that order."""
+    ("triton", or "triton-int8" with `activations` "int8") and the OpenAI frontend ("openai"), whichever
+    `servers` names, in that order."""
     rows: list[ServedRow] = []
     for streams, requests_ in plan.runs.items():
         try:
-            with triton_target.serving(plan.out, streams, model) as target:
+            with triton_target.serving(plan.out, streams, model, activations) as target:
                 for server in servers:
                     try:
-                        if server == "triton":
+                        if server in ("triton", "triton-int8"):
                             api = HttpApi("triton", target.http_url, triton_target.MODEL)
                             pids = tree_of(target.server_pid)
                         else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchlm.bench.peers_served.server import SERVERS, SUBJECT
+from batchlm.bench.peers_served.server import FAST_SUBJECT, SERVERS, SUBJECT
 from batchlm.bench.peers_served.stats import RunStats
 
 
@@ -28,10 +28,10 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.0f}"
 
 
-def ratio(rows: list[ServedRow], server: str, streams: int) -> float | None:
+def ratio(rows: list[ServedRow], server: str, streams: int, subject_name: str = SUBJECT) -> float | None:
     """The subject's output tok/s over `server`'s at `streams`, where both ran."""
     found = {(r.server, r.streams): r for r in rows if r.stats is not None and r.stats.output_tok_per_s > 0}
-    subject, other = found.get((SUBJECT, streams)), found.get((server, streams))
+    subject, other = found.get((subject_name, streams)), found.get((server, streams))
     if subject is None or other is None:
         return None
     return subject.stats.output_tok_per_s / other.stats.output_tok_per_s
@@ -56,13 +56,19 @@ def format_table(rows: list[ServedRow]) -> str:
 
 
 def format_ratios(rows: list[ServedRow]) -> str:
-    """`continuous_batching` through Triton over each other server, output tok/s, per concurrency."""
+    """`continuous_batching` through Triton over each other server, output tok/s, per concurrency; and the
+    same for its int8-activations run where that ran."""
     streams = sorted({r.streams for r in rows})
-    servers = [s for s in dict.fromkeys(r.server for r in rows) if s != SUBJECT]
-    lines = [f"| {SERVERS[SUBJECT].label} over | " + " | ".join(f"{n} streams" for n in streams) + " |",
-             "|---|" + "---:|" * len(streams)]
-    for server in servers:
-        cells = [ratio(rows, server, n) for n in streams]
-        lines.append(f"| {SERVERS[server].label} | " + " | ".join("n/a" if c is None else f"{c:.2f}x" for c in cells)
-                     + " |")
-    return "\n".join(lines)
+    tables = []
+    for subject in (SUBJECT, FAST_SUBJECT):
+        if not any(r.server == subject and r.stats is not None for r in rows) and subject != SUBJECT:
+            continue
+        servers = [s for s in dict.fromkeys(r.server for r in rows) if s != subject]
+        lines = [f"| {SERVERS[subject].label} over | " + " | ".join(f"{n} streams" for n in streams) + " |",
+                 "|---|" + "---:|" * len(streams)]
+        for server in servers:
+            cells = [ratio(rows, server, n, subject) for n in streams]
+            lines.append(f"| {SERVERS[server].label} | "
+                         + " | ".join("n/a" if c is None else f"{c:.2f}x" for c in cells) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)

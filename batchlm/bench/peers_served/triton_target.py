@@ -26,20 +26,22 @@ class TritonTarget:
 
 
 @contextlib.contextmanager
-def serving(out: Path, concurrency: int, model: Path | None = None) -> Iterator[TritonTarget]:
-    """tritonserver serving `continuous_batching` with max_num_seqs = `concurrency` (and `model` as its
-    checkpoint where given), and the frontend; both stopped on leaving, stubs included, also on failure.
-    The repository copy and the logs go under `out`."""
-    overrides = {"max_num_seqs": str(concurrency)}
+def serving(out: Path, concurrency: int, model: Path | None = None,
+            activations: str = "float32") -> Iterator[TritonTarget]:
+    """tritonserver serving `continuous_batching` with max_num_seqs = `concurrency` and `activations` (and
+    `model` as its checkpoint where given), and the frontend; both stopped on leaving, stubs included, also
+    on failure. The repository copy and the logs go under `out`."""
+    overrides = {"max_num_seqs": str(concurrency), "activations": activations}
     if model is not None:
         overrides["model_dir"] = str(model.resolve())
-    repository = out / f"repository-{concurrency}"
+    repository = out / f"repository-{concurrency}-{activations}"
     write_variant(repository, MODEL, overrides)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    frontend = FrontendProcess("", port=free_port(), graceful_timeout=2, log_path=logs / f"frontend-{concurrency}.log")
+    frontend = FrontendProcess("", port=free_port(), graceful_timeout=2,
+                               log_path=logs / f"frontend-{concurrency}-{activations}.log")
     server = ServerWithFrontend(model_repository=repository.resolve(), http_port=free_port(), grpc_port=free_port(),
-                                metrics_port=free_port(), log_path=logs / f"triton-{concurrency}.log",
+                                metrics_port=free_port(), log_path=logs / f"triton-{concurrency}-{activations}.log",
                                 exit_timeout_s=5, frontend=frontend,
                                 extra_args=("--model-control-mode=explicit", f"--load-model={MODEL}"))
     try:
