@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator, Mapping
@@ -24,6 +25,8 @@ from batchlm.model.model import LlamaForCausalLM
 from batchlm.model.model_config import ModelConfig
 from batchlm.model.backends import ACTIVATIONS_CHOICES, WEIGHTS_CHOICES
 from batchlm.model.quantized import can_hold_quantized, load_quantized
+
+log = logging.getLogger(__name__)
 
 # Bump when the bytes write_default_checkpoint produces for a given seed change.
 FORMAT_VERSION = 2  # 2: tokenizer_config.json has a chat_template
@@ -214,6 +217,9 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     if weights == "auto" and linear in ("auto", "kernel") and isinstance(tensors, GGUFWeights) \
             and can_hold_quantized(model):
         load_quantized(model, tensors, activations=activations)
+    elif activations == "int8":  # NOTE: said, not silent: the user asked for a tier this model cannot run
+        log.warning("activations int8 multiplies a GGUF file's kept Q4_0/Q4_1/Q8_0 blocks; %s has none that run "
+                    "here (a float32 CPU model, linear auto or kernel): float32 activations", model_dir)
     model.load_hf_state_dict(tensors)
     if isinstance(tensors, GGUFWeights):
         tensors.unmap()

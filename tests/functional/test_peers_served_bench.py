@@ -6,7 +6,12 @@ import json
 import subprocess
 import sys
 
-from batchlm.paths import PROJECT_ROOT, TINY_MODEL_DIR
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from batchlm import kernels
+from batchlm.paths import DEFAULT_MODEL, PROJECT_ROOT, TINY_MODEL_DIR
 from tests.functional.conftest import processes_naming
 
 SIZES = ["--servers", "triton,openai", "--concurrency", "2", "--num-requests", "3", "--max-tokens", "4",
@@ -29,3 +34,25 @@ def test_peers_served_measures_both_paths_of_the_project_server_and_stops_it(tmp
         assert row["peak_rss_mib"] > 0 and row["agreement"] == [2, 2], row
     table = (tmp_path / "peers_served.md").read_text()
     assert "| continuous_batching, OpenAI frontend /v1/completions | " in table and "x |" in table
+
+
+@pytest.mark.skipif(not kernels.linear_q8_is_native(), reason="batchlm::linear_q8 needs AVX2")
+def test_the_int8_tier_serves_the_default_model_through_triton(tmp_path):
+    """triton-int8: a server of its own whose config sets activations int8, on the default model's GGUF file
+    (whose Q4_1 and Q8_0 blocks linear_q8 multiplies); its rows, its agreement, its own ratio table."""
+    sizes = [a if a != "triton,openai" else "triton,triton-int8" for a in SIZES]
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "peers-served", *sizes, "--model",
+                           str(DEFAULT_MODEL), "--out", str(tmp_path)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert not processes_naming(str(tmp_path / "repository-2"))
+    config = text_format.Parse((tmp_path / "repository-2-int8" / "continuous_batching" / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    assert config.parameters["activations"].string_value == "int8"
+    doc = json.loads((tmp_path / "peers_served.json").read_text())
+    rows = {r["server"]: r for r in doc["rows"]}
+    assert set(rows) == {"triton", "triton-int8"} and rows["triton-int8"]["status"] == "ok"
+    assert rows["triton-int8"]["stats"]["output_tokens"] == 12 and rows["triton"]["agreement"] == [2, 2]
+    assert rows["triton-int8"]["agreement"][1] == 2
+    assert "| continuous_batching, int8 activations, Triton generate_stream over |" in (
+        tmp_path / "peers_served.md").read_text()

@@ -142,3 +142,11 @@ def test_a_request_answers_the_same_alone_and_batched(files, kind):  # noqa: F81
     exact = engine(files[kind], EngineConfig(num_kv_blocks=64, max_model_len=256)).generate(
         PROMPTS, [params] * len(PROMPTS))
     assert any(o.logprobs != x.logprobs for o, x in zip(together, exact))  # int8 ran: not the exact model
+
+
+def test_int8_on_a_model_without_kept_blocks_says_so_and_runs_float32(files, caplog):  # noqa: F811
+    """A safetensors folder has no blocks to multiply in integers: a warning, and the float32 kernel."""
+    folder = files["Q4_1"].parent / "hf"
+    with caplog.at_level("WARNING", logger="batchlm.model.checkpoint"):
+        model = load_model(folder, activations="int8")
+    assert "activations int8" in caplog.text and model.lm_head.backend == "kernel"
