@@ -20,6 +20,7 @@ In process (the engine alone, no server):
     ratios           the strategies' throughput ratios, the engine alone, interleaved batch by batch
     predict          the same ratios predicted from timed forward passes (the step-count bound)
     invariance       a sequence's tokens do not depend on what shares its batch
+    agreement        each tier's tokens and log-probabilities against transformers (float32, int8 activations)
     kernel-outputs   save what the kernels compute on fixed inputs, or compare two such files to the bit
     stop-cost        what stop strings cost per generated token
     guided           what guided decoding costs a step, and the two grammar libraries side by side
@@ -54,6 +55,7 @@ SUBCOMMANDS = {
     "ratios": "batchlm.bench.ratios",
     "predict": "batchlm.bench.predict",
     "invariance": "batchlm.bench.invariance",
+    "agreement": "batchlm.bench.agreement",
     "kernel-outputs": "batchlm.bench.kernel_outputs",
     "stop-cost": "batchlm.bench.stop_cost",
     "guided": "batchlm.bench.guided",

@@ -1,6 +1,6 @@
 """The in-process subcommands of `batchlm-bench` (the one bench entry point), each run small through
 `python -m batchlm.bench`, as a user runs them: engine (`make bench-engine`), forward, ratios, invariance,
-kernel-outputs, stop-cost."""
+agreement, kernel-outputs, stop-cost."""
 
 import json
 import re
@@ -46,6 +46,16 @@ def test_batch_invariance_finds_no_request_whose_tokens_change_batched():
 
 
 @pytest.mark.slow  # NOTE: tooling beside serving (compares kernel builds); make test-slow runs it
+def test_agreement_finds_the_exact_tier_equal_to_transformers():
+    """On the tiny model (no blocks to keep, so no int8 row): every position's top-1 is transformers' token,
+    the log-probabilities within float32 rounding, every greedy continuation the same."""
+    stdout = run("agreement", "--model", "models/tiny-random", "--prompts", "3", "--tokens", "8",
+                 "--activations", "float32")
+    row = next(line for line in stdout.splitlines() if line.startswith("| float32 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "100.0% of 24" and float(cells[3]) < 1e-4 and cells[4] == "3/3", stdout
+
+
 def test_kernel_outputs_are_the_same_bits_run_to_run_and_a_changed_bit_is_found(tmp_path):
     a, b, changed = tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "changed.pt"
     run("kernel-outputs", "save", str(a))

@@ -9,10 +9,11 @@ from batchlm.bench.peers_served.stats import StreamRecord
 from batchlm.bench.peers_served.workload import ServedRequest
 
 
-def reference_tokens(model: Path, requests: list[ServedRequest], new_tokens: int, threads: int = 2) -> list[list[int]]:
-    """transformers' greedy tokens (float32, eager attention, EOS ignored, as the servers do) for each request's
-    prompt ids, read from the checkpoint on disk alone (a GGUF file through transformers' own reader, or a
-    Hugging Face folder)."""
+def load_transformers(model: Path, threads: int = 2):
+    """transformers' model of the checkpoint on disk alone (a GGUF file through transformers' own reader, or
+    a Hugging Face folder): float32, eager attention, in eval mode, EOS ignored by `generate` as the servers
+    ignore it (it may be the greedy token, and generation goes on after it; min_new_tokens would instead
+    forbid it and take the second best)."""
     import torch
     import transformers
 
@@ -23,9 +24,15 @@ def reference_tokens(model: Path, requests: list[ServedRequest], new_tokens: int
     else:
         hf = transformers.AutoModelForCausalLM.from_pretrained(model, **kwargs)
     hf.eval()
-    # NOTE: EOS ignored as the servers ignore it: it may be the greedy token, and generation goes on after
-    # it. (min_new_tokens would instead forbid it and take the second best.)
     hf.generation_config.eos_token_id = None
+    return hf
+
+
+def reference_tokens(model: Path, requests: list[ServedRequest], new_tokens: int, threads: int = 2) -> list[list[int]]:
+    """transformers' greedy tokens (load_transformers) for each request's prompt ids."""
+    import torch
+
+    hf = load_transformers(model, threads)
     tokens = []
     with torch.inference_mode():
         for request in requests:
