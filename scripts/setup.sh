@@ -29,10 +29,18 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   fi
   [[ -x "$venv/bin/python" ]] || "$PYTHON" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-  # NOTE: --no-compile: Python compiles what it imports on first use; byte-compiling every installed
-  # module up front (torch's thousands) would be about half of the install's time.
+  # NOTE: --no-compile: pip byte-compiles on one core; the step below does it on all of them.
   "$venv/bin/python" -m pip install -q --no-compile --disable-pip-version-check -e ".[serve,test]"
   echo "$want" >"$stamp"
+fi
+# Byte-compiled once here because Python may never cache it: where PYTHONDONTWRITEBYTECODE is set (many
+# container images set it), every process compiles each module it imports, every time: each Triton stub
+# ~5 s of a core for torch alone, each client, Locust or frontend process 0.3-3 s.
+cstamp="$venv/.batchlm-compiled"
+if [[ ! -f "$cstamp" || "$(cat "$cstamp")" != "$want" ]]; then
+  log "byte-compiling the virtual environment's packages"
+  "$venv/bin/python" -m compileall -qq -j 0 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
+  echo "$want" >"$cstamp"
 fi
 pyver="$("$venv/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
 
