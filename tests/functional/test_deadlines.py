@@ -4,6 +4,7 @@ timeout expired"; the requests beside it are untouched. static_batching's option
 incomplete batch once its oldest request has waited that long."""
 
 import queue
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,14 +27,17 @@ def _config(server, model: str) -> dict:
         client.close()
 
 
-def _infer(server, model: str, prompt: str, max_tokens: int, timeout_us: int | None = None):
-    """One gRPC ModelInfer with Triton's request timeout: (seconds taken, result or the exception)."""
+def _infer(server, model: str, prompt: str, max_tokens: int, timeout_us: int | None = None,
+           together: threading.Barrier | None = None):
+    """One gRPC ModelInfer with Triton's request timeout: (seconds taken, result or the exception). With
+    `together`, the client and inputs are made first and the request leaves when every party is ready."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = grpc_inputs(request_fields(prompt, max_tokens, ignore_eos=True), _config(server, model))
+    if together is not None:
+        together.wait(timeout=60)
     start = time.monotonic()
     try:
-        result = client.infer(model, grpc_inputs(request_fields(prompt, max_tokens, ignore_eos=True),
-                                                 _config(server, model)),
-                              timeout=timeout_us, client_timeout=120)
+        result = client.infer(model, inputs, timeout=timeout_us, client_timeout=120)
         return time.monotonic() - start, result
     except InferenceServerException as exc:
         return time.monotonic() - start, exc
@@ -118,8 +122,11 @@ def test_dynamic_batching_a_queued_request_past_its_timeout_is_refused_by_triton
     """Behind a running batch of 8 long rows, a ninth request waits in Triton's queue; its timeout passes
     there, and Triton refuses it (allow_timeout_override in config.pbtxt)."""
     model = "dynamic_batching"
+    # NOTE: the 8 leave together: made one by one (a client, the model's config), they can arrive further
+    # apart than max_queue_delay_microseconds on a busy machine, run as two batches, and never be 8 at once
+    together = threading.Barrier(8)
     with ThreadPoolExecutor(9) as pool:
-        running = [pool.submit(_infer, server, model, f"Long {i}", 300) for i in range(8)]
+        running = [pool.submit(_infer, server, model, f"Long {i}", 300, None, together) for i in range(8)]
         assert metric_reaches(server, "batchlm_running_requests", model, 8, timeout=30) == 8
         elapsed, answer = _infer(server, model, "Queued and in a hurry", 8, TIMEOUT_US)
         assert [_output_tokens(f.result(timeout=120)[1]) for f in running] == [300] * 8
