@@ -21,8 +21,8 @@ import math
 
 import pytest
 import torch
-import transformers
 
+from batchlm.bench.peers_served.reference import load_transformers
 from batchlm.engine.engine import LLMEngine
 from batchlm.engine.engine_config import EngineConfig
 from batchlm.engine.sampling import SamplingParams
@@ -66,9 +66,7 @@ def threads():
 @pytest.fixture(scope="module")
 def reference(threads):
     # NOTE: loaded from the file on disk alone: nothing is looked up or downloaded
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        DEFAULT_MODEL.parent, gguf_file=DEFAULT_MODEL.name, dtype=torch.float32, attn_implementation="eager",
-        local_files_only=True).eval()
+    return load_transformers(DEFAULT_MODEL, THREADS)
 
 
 @pytest.fixture(scope="module")
