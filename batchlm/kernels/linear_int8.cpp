@@ -114,10 +114,11 @@ inline void tile_sums(const uint8_t* q, int64_t c0, const int8_t* const* xq, __m
 }
 
 // Rows 0 .. R - 1 (the chunk's quantized rows from `row`) times one group of NB tiles, 8 columns at a time.
+// `next`: the group this thread will likely run next (nullptr: none), prefetched a share per pass.
 template <int64_t Q, int R>
-void block_q8(const QuantizedRows& x, int64_t row, int64_t K, const uint8_t* group, float* out, int64_t n,
-              int64_t ncols) {
-  const int64_t NB = K / kBlock, tb = tile_bytes(Q);
+void block_q8(const QuantizedRows& x, int64_t row, int64_t K, const uint8_t* group, const uint8_t* next, float* out,
+              int64_t n, int64_t ncols) {
+  const int64_t NB = K / kBlock, tb = tile_bytes(Q), passes = (ncols + 7) / 8;
   for (int64_t c0 = 0; c0 < ncols; c0 += 8) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -126,6 +127,7 @@ void block_q8(const QuantizedRows& x, int64_t row, int64_t K, const uint8_t* gro
       if (c0 == 0)  // the first pass streams the group: ask for the tiles ahead of it (a hint)
         for (int64_t line = 0; line < tb; line += 64)
           _mm_prefetch(reinterpret_cast<const char*>(tile) + kAheadTiles * tb + line, _MM_HINT_T0);
+      prefetch_tile_part(next, b, tb, c0 / 8, passes);
       const int8_t* xq[R];
       for (int r = 0; r < R; ++r) xq[r] = x.q.data() + (row + r) * K + b * kBlock;
       __m256i sums[R];
@@ -152,7 +154,8 @@ void block_q8(const QuantizedRows& x, int64_t row, int64_t K, const uint8_t* gro
 }
 
 template <int64_t Q>
-using Q8Fn = void (*)(const QuantizedRows&, int64_t, int64_t, const uint8_t*, float*, int64_t, int64_t);
+using Q8Fn = void (*)(const QuantizedRows&, int64_t, int64_t, const uint8_t*, const uint8_t*, float*, int64_t,
+                      int64_t);
 template <int64_t Q>
 constexpr Q8Fn<Q> kQ8Blocks[kQ8Rows + 1] = {nullptr, block_q8<Q, 1>, block_q8<Q, 2>, block_q8<Q, 3>,
                                             block_q8<Q, 4>};
@@ -191,13 +194,15 @@ void run_q8(const QuantizedRows& x, const uint8_t* w, float* out, int64_t T, int
   const int64_t group_bytes = K / kBlock * tile_bytes(Q);
   for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
     const int64_t rows = std::min(kChunk, T - t0);
-    batchlm::for_each_item(G, [] { return 0; }, [&](int, int64_t g, int64_t) {
+    batchlm::for_each_item(G, [] { return 0; }, [&](int, int64_t g, int64_t next) {
       const uint8_t* group = w + g * group_bytes;
       const int64_t ncols = std::min(kCols, n - g * kCols);
 #ifdef BATCHLM_Q8_VECTOR
       for (int64_t r = 0; r < rows; r += kQ8Rows) {
         const int R = static_cast<int>(std::min<int64_t>(kQ8Rows, rows - r));
-        kQ8Blocks<Q>[R](x, t0 + r, K, group, out + (t0 + r) * n + g * kCols, n, ncols);
+        // the next group is asked for once, by the chunk's last block of rows
+        const uint8_t* ahead = next >= 0 && r + kQ8Rows >= rows ? w + next * group_bytes : nullptr;
+        kQ8Blocks<Q>[R](x, t0 + r, K, group, ahead, out + (t0 + r) * n + g * kCols, n, ncols);
       }
 #else
       for (int64_t r = t0; r < t0 + rows; ++r)

@@ -46,10 +46,11 @@ constexpr int64_t kPrefetchTiles = 8;
 #ifdef __AVX512F__
 // Rows r .. r + R of x (row stride K) times one group of NB tiles, dequantized in registers as they are
 // read: for a few rows this skips the scratch group's store and reload. The sums are block_f32's: acc =
-// fma(x[k], w[k], acc) for k ascending.
+// fma(x[k], w[k], acc) for k ascending. One pass over the group: its own prefetch ahead keeps memory
+// streaming, and `next` is not needed.
 template <int64_t Q, int R>
-void block_q(const float* __restrict x, int64_t K, const uint8_t* __restrict group, float* __restrict out, int64_t n,
-             int64_t ncols) {
+void block_q(const float* __restrict x, int64_t K, const uint8_t* __restrict group, const uint8_t* /*next*/,
+             float* __restrict out, int64_t n, int64_t ncols) {
   const int64_t NB = K / kBlock, tb = tile_bytes(Q);
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
@@ -100,10 +101,11 @@ void tile_block(const float* __restrict x, int64_t K, const float* __restrict s,
 #elif defined(BATCHLM_Q_AVX2)
 // AVX2 forms of the two blocks above: the same chains, a quarter of the columns (16) at a time, so that
 // R x 2 sums, the quarter's scales, two weight vectors and a broadcast fit 16 registers.
+// `next`: the group this thread will likely run next (nullptr: none), prefetched a share per quarter.
 template <int64_t Q, int R>
-void block_q(const float* __restrict x, int64_t K, const uint8_t* __restrict group, float* __restrict out, int64_t n,
-             int64_t ncols) {
-  const int64_t NB = K / kBlock, tb = tile_bytes(Q);
+void block_q(const float* __restrict x, int64_t K, const uint8_t* __restrict group, const uint8_t* next,
+             float* __restrict out, int64_t n, int64_t ncols) {
+  const int64_t NB = K / kBlock, tb = tile_bytes(Q), passes = (ncols + 15) / 16;
   for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
     __m256 acc[R][2];
 #pragma GCC unroll 8
@@ -114,6 +116,7 @@ void block_q(const float* __restrict x, int64_t K, const uint8_t* __restrict gro
       const uint8_t* q = tile + scales_bytes(Q);
       const float* xb = x + b * kBlock;
       const char* ahead = reinterpret_cast<const char*>(tile) + kPrefetchTiles * tb;
+      prefetch_tile_part(next, b, tb, c0 / 16, passes);
       for_each_k<Q>([&](auto hi, int64_t k) {
         if (c0 == 0 && 64 * k < tb) _mm_prefetch(ahead + 64 * k, _MM_HINT_T0);  // the first quarter's pass
         const __m256 w0 = tile_weights8<Q, hi>(q, k, c0, s.d[0], s.m[0]);
@@ -166,7 +169,7 @@ constexpr int kFusedRows = 4;
 constexpr int64_t kFusedMaxRows = 4;  // a chunk of up to this many rows skips the scratch group
 
 template <int64_t Q>
-using FusedFn = void (*)(const float*, int64_t, const uint8_t*, float*, int64_t, int64_t);
+using FusedFn = void (*)(const float*, int64_t, const uint8_t*, const uint8_t*, float*, int64_t, int64_t);
 
 template <int64_t Q>
 constexpr FusedFn<Q> kFused[kFusedRows + 1] = {nullptr, block_q<Q, 1>, block_q<Q, 2>, block_q<Q, 3>,
@@ -180,14 +183,15 @@ void run_q(const float* x, const uint8_t* w, float* out, int64_t T, int64_t K, i
   const int64_t NB = K / kBlock, group_bytes = NB * tile_bytes(Q);
   for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
     const int64_t rows = std::min(kChunk, T - t0);
-    batchlm::for_each_item(G, [] { return 0; }, [&](int, int64_t g, int64_t) {
+    batchlm::for_each_item(G, [] { return 0; }, [&](int, int64_t g, int64_t next) {
       const uint8_t* group = w + g * group_bytes;
       const int64_t ncols = std::min(kCols, n - g * kCols);
 #ifdef BATCHLM_Q_VECTOR
       if (rows <= kFusedMaxRows) {
         for (int64_t r = 0; r < rows; r += kFusedRows) {
           const int R = static_cast<int>(std::min<int64_t>(kFusedRows, rows - r));
-          kFused<Q>[R](x + (t0 + r) * K, K, group, out + (t0 + r) * n + g * kCols, n, ncols);
+          const uint8_t* ahead = next >= 0 && r + kFusedRows >= rows ? w + next * group_bytes : nullptr;
+          kFused<Q>[R](x + (t0 + r) * K, K, group, ahead, out + (t0 + r) * n + g * kCols, n, ncols);
         }
         return;
       }
