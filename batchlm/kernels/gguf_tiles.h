@@ -192,15 +192,17 @@ inline __m512 tile_weights(const uint8_t* q, int64_t k, int v, const TileScales&
 #define BATCHLM_Q_AVX2 1
 // AVX2: 8 columns a vector, a tile read a quarter (16 columns, two vectors) at a time. The operations and
 // so the bits are the AVX-512 path's.
-struct QuarterScales {
-  __m256 d[2], m[2];
+// The scales d (and m) of columns c0 .. c0 + 8V - 1 of a tile, V vectors of 8.
+template <int V>
+struct PassScales {
+  __m256 d[V], m[V];
 };
 
-template <int64_t Q>
-inline QuarterScales quarter_scales(const uint8_t* tile, int64_t c0) {  // columns c0 .. c0 + 15
-  QuarterScales s;
+template <int64_t Q, int V = 2>
+inline PassScales<V> pass_scales(const uint8_t* tile, int64_t c0) {
+  PassScales<V> s;
   if constexpr (Q == kF16 || Q == kBF16) return s;  // no scales
-  for (int v = 0; v < 2; ++v) {
+  for (int v = 0; v < V; ++v) {
     s.d[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + 2 * (c0 + 8 * v))));
     if constexpr (Q == kQ4_1)
       s.m[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + 2 * (kCols + c0 + 8 * v))));
@@ -238,7 +240,7 @@ inline void dequantize_tile(const uint8_t* __restrict tile, float* __restrict s)
 #elif defined(BATCHLM_Q_AVX2)
   const uint8_t* q = tile + scales_bytes(Q);
   for (int64_t c0 = 0; c0 < kCols; c0 += 16) {
-    const QuarterScales sc = quarter_scales<Q>(tile, c0);
+    const PassScales<2> sc = pass_scales<Q>(tile, c0);
     for_each_k<Q>([&](auto hi, int64_t k) {
       for (int v = 0; v < 2; ++v)
         _mm256_storeu_ps(s + k * kCols + c0 + 8 * v, tile_weights8<Q, hi>(q, k, c0 + 8 * v, sc.d[v], sc.m[v]));

@@ -22,8 +22,8 @@
 // multiplied by every row of the chunk, 6 rows at a time, their sums carried from tile to tile
 // (tile_block). Either way every output is the same fma chain over k as batchlm::linear over the
 // dequantized W (acc = fma(x[k], w[k], acc) from zero, k ascending): bit-identical to it, and
-// batch-invariant as it is. AVX2 (with FMA and F16C) runs both forms a quarter tile (16 columns) at a
-// time. Without vector code, a group is dequantized whole into a scratch and multiplied by linear.cpp's
+// batch-invariant as it is. AVX2 (with FMA and F16C) runs both forms 16 columns at a time (block_q: 32
+// for a single row). Without vector code, a group is dequantized whole into a scratch and multiplied by linear.cpp's
 // blocks (the same chain).
 //
 // Why: a decode step streams every weight. Q4_1 is 5 bits a weight (Q4_0 4.5, Q8_0 8.5, F16/BF16 16)
@@ -99,38 +99,46 @@ void tile_block(const float* __restrict x, int64_t K, const float* __restrict s,
 }
 
 #elif defined(BATCHLM_Q_AVX2)
-// AVX2 forms of the two blocks above: the same chains, a quarter of the columns (16) at a time, so that
-// R x 2 sums, the quarter's scales, two weight vectors and a broadcast fit 16 registers.
-// `next`: the group this thread will likely run next (nullptr: none), prefetched a share per quarter.
-template <int64_t Q, int R>
+// AVX2 forms of the two blocks above: the same chains, 8V columns at a time, so that R x V sums, their
+// scales, the weight vectors and a broadcast fit 16 registers. One row takes 32 columns a pass (V = 4):
+// each sum is one chain of FMAs over k, so with 16 columns only two chains are in flight and the step
+// waits on the FMA latency; more rows give more chains with 16 columns (V = 2).
+// `next`: the group this thread will likely run next (nullptr: none), prefetched a share per pass.
+template <int64_t Q, int R, int V = (R == 1 ? 4 : 2)>
 void block_q(const float* __restrict x, int64_t K, const uint8_t* __restrict group, const uint8_t* next,
              float* __restrict out, int64_t n, int64_t ncols) {
-  const int64_t NB = K / kBlock, tb = tile_bytes(Q), passes = (ncols + 15) / 16;
-  for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
-    __m256 acc[R][2];
+  constexpr int64_t kPassCols = 8 * V;
+  const int64_t NB = K / kBlock, tb = tile_bytes(Q), passes = (ncols + kPassCols - 1) / kPassCols;
+  for (int64_t c0 = 0; c0 < ncols; c0 += kPassCols) {
+    __m256 acc[R][V];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
     for (int64_t b = 0; b < NB; ++b) {
       const uint8_t* tile = group + b * tb;
-      const QuarterScales s = quarter_scales<Q>(tile, c0);
+      const PassScales<V> s = pass_scales<Q, V>(tile, c0);
       const uint8_t* q = tile + scales_bytes(Q);
       const float* xb = x + b * kBlock;
       const char* ahead = reinterpret_cast<const char*>(tile) + kPrefetchTiles * tb;
-      prefetch_tile_part(next, b, tb, c0 / 16, passes);
+      prefetch_tile_part(next, b, tb, c0 / kPassCols, passes);
       for_each_k<Q>([&](auto hi, int64_t k) {
-        if (c0 == 0 && 64 * k < tb) _mm_prefetch(ahead + 64 * k, _MM_HINT_T0);  // the first quarter's pass
-        const __m256 w0 = tile_weights8<Q, hi>(q, k, c0, s.d[0], s.m[0]);
-        const __m256 w1 = tile_weights8<Q, hi>(q, k, c0 + 8, s.d[1], s.m[1]);
+        if (c0 == 0 && 64 * k < tb) _mm_prefetch(ahead + 64 * k, _MM_HINT_T0);  // the first pass's
+        __m256 w[V];
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) w[v] = tile_weights8<Q, hi>(q, k, c0 + 8 * v, s.d[v], s.m[v]);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const __m256 xr = _mm256_broadcast_ss(xb + r * K + k);
-          acc[r][0] = _mm256_fmadd_ps(xr, w0, acc[r][0]);
-          acc[r][1] = _mm256_fmadd_ps(xr, w1, acc[r][1]);
+#pragma GCC unroll 4
+          for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(xr, w[v], acc[r][v]);
         }
       });
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) store_quarter(out + r * n + c0, acc[r][0], acc[r][1], ncols - c0);
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int v = 0; v < V; v += 2)
+        if (ncols - c0 - 8 * v > 0) store_quarter(out + r * n + c0 + 8 * v, acc[r][v], acc[r][v + 1], ncols - c0 - 8 * v);
   }
 }
 
