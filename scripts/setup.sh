@@ -35,7 +35,7 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
 fi
 # Byte-compiled once here because Python may never cache it: where PYTHONDONTWRITEBYTECODE is set (many
 # container images set it), every process compiles each module it imports, every time: each Triton stub
-# ~5 s of a core for torch alone, each client, Locust or frontend process 0.3-3 s.
+# its torch, each client, Locust or frontend process its own imports.
 cstamp="$venv/.batchlm-compiled"
 if [[ ! -f "$cstamp" || "$(cat "$cstamp")" != "$want" ]]; then
   log "byte-compiling the virtual environment's packages"

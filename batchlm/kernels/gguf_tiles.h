@@ -40,8 +40,8 @@ int64_t tile_bytes(int64_t qtype) { return block_bytes(qtype) * kCols; }
 // Share `part` of `parts` of the lines of tile b of `group` (nullptr: nothing), asked into L2. The AVX2
 // forms pass over a group several times, a few columns at a time: only the first pass reads memory, and the
 // others compute from cache while no load is outstanding. Asking for the next group's lines, a share per
-// tile visited, keeps memory streaming through them: without it, a decode step's linears drew about a
-// third of the bandwidth the CPU gives two threads.
+// tile visited, keeps memory streaming through them: without it, a decode step's linears drew well below
+// the bandwidth the CPU gives two threads.
 inline void prefetch_tile_part(const uint8_t* group, int64_t b, int64_t tb, int64_t part, int64_t parts) {
   if (group == nullptr) return;
   const char* tile = reinterpret_cast<const char*>(group) + b * tb;

@@ -23,8 +23,8 @@
 // (tile_block). Either way every output is the same fma chain over k as batchlm::linear over the
 // dequantized W (acc = fma(x[k], w[k], acc) from zero, k ascending): bit-identical to it, and
 // batch-invariant as it is. AVX2 (with FMA and F16C) runs both forms 16 columns at a time (block_q: 32
-// for a single row). Without vector code, a group is dequantized whole into a scratch and multiplied by linear.cpp's
-// blocks (the same chain).
+// for a single row). Without vector code, a group is dequantized whole into a scratch and multiplied by
+// linear.cpp's blocks (the same chain).
 //
 // Why: a decode step streams every weight. Q4_1 is 5 bits a weight (Q4_0 4.5, Q8_0 8.5, F16/BF16 16)
 // against float32's 32, so at small batches, where the step waits on memory, it reads a sixth of the
@@ -138,7 +138,8 @@ void block_q(const float* __restrict x, int64_t K, const uint8_t* __restrict gro
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
       for (int v = 0; v < V; v += 2)
-        if (ncols - c0 - 8 * v > 0) store_quarter(out + r * n + c0 + 8 * v, acc[r][v], acc[r][v + 1], ncols - c0 - 8 * v);
+        if (const int64_t left = ncols - c0 - 8 * v; left > 0)
+          store_quarter(out + r * n + c0 + 8 * v, acc[r][v], acc[r][v + 1], left);
   }
 }
 

@@ -126,7 +126,7 @@ def test_dynamic_batching_a_queued_request_past_its_timeout_is_refused_by_triton
     # apart than max_queue_delay_microseconds on a busy machine, run as two batches, and never be 8 at once
     together = threading.Barrier(8)
     with ThreadPoolExecutor(9) as pool:
-        running = [pool.submit(_infer, server, model, f"Long {i}", 300, None, together) for i in range(8)]
+        running = [pool.submit(_infer, server, model, f"Long {i}", 300, together=together) for i in range(8)]
         assert metric_reaches(server, "batchlm_running_requests", model, 8, timeout=30) == 8
         elapsed, answer = _infer(server, model, "Queued and in a hurry", 8, TIMEOUT_US)
         assert [_output_tokens(f.result(timeout=120)[1]) for f in running] == [300] * 8

@@ -37,8 +37,7 @@ def gguf_parsed_once() -> Iterator[None]:
     """Within: one `gguf.GGUFReader` per file and arguments, and one tensor name map per architecture and
     depth. transformers' GGUF loader parses the file twice (for the config, then for the tensors: each
     parse reads the 49k-entry vocabulary field by field in Python) and builds the name map once per module
-    of the model; the results are the same each time, the time is most of a load (~55 s -> ~20 s on a
-    2-core AMD EPYC for the default model)."""
+    of the model; the results are the same each time, and the repeats are most of a load's time."""
     import gguf
 
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
