@@ -34,21 +34,24 @@
 
 namespace {
 
+// rows per register block: AVX2, 4 x (float + int sums) + weights of 16 registers; VNNI, see kQ8Blocks
 constexpr int64_t kQ8Rows = 4;
-constexpr int64_t kAheadTiles = 8;  // tiles prefetched ahead of the one read, as in linear_quant.cpp  // rows per register block: AVX2, 4 x (float + int sums) + weights of 16 registers
+constexpr int64_t kAheadTiles = 8;  // tiles prefetched ahead of the one read, as in linear_quant.cpp
 
 int64_t k_groups(int64_t qtype) { return qtype == kQ8_0 ? kBlock / 4 : kBlock / 8; }  // 32-bit rows of a tile
 
 // x's rows quantized block by block (the header's xq, dx and s), for all T rows.
 struct QuantizedRows {
   std::vector<int8_t> q;   // (T, K)
+  std::vector<uint8_t> biased;  // (T, K) xq + 128, for Q8_0 under VNNI; empty otherwise
   std::vector<float> dx;   // (T, NB)
   std::vector<int32_t> s;  // (T, NB)
 };
 
-QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K) {
+QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, bool biased) {
   const int64_t NB = K / kBlock;
-  QuantizedRows r{std::vector<int8_t>(T * K), std::vector<float>(T * NB), std::vector<int32_t>(T * NB)};
+  QuantizedRows r{std::vector<int8_t>(T * K), std::vector<uint8_t>(biased ? T * K : 0), std::vector<float>(T * NB),
+                  std::vector<int32_t>(T * NB)};
   at::parallel_for(0, T * NB, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const float* xb = x + i * kBlock;
@@ -59,6 +62,7 @@ QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K) {
       for (int64_t k = 0; k < kBlock; ++k) {
         const int32_t v = static_cast<int32_t>(std::nearbyint(xb[k] * inv));
         r.q[i * kBlock + k] = static_cast<int8_t>(v);
+        if (biased) r.biased[i * kBlock + k] = static_cast<uint8_t>(v + 128);
         s += v;
       }
       r.dx[i] = a / 127.0f;
@@ -68,10 +72,120 @@ QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K) {
   return r;
 }
 
+template <int64_t Q>
+using Q8Fn = void (*)(const QuantizedRows&, int64_t, int64_t, const uint8_t*, const uint8_t*, float*, int64_t,
+                      int64_t);
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define BATCHLM_Q8_VNNI 1
+#define BATCHLM_Q8_VECTOR 1
+// One tile's integer sums for V vectors of 16 columns from c0 and rows 0 .. R - 1, with AVX-512 VNNI's
+// vpdpbusd: 16 lanes, each adding 4 products of unsigned by signed bytes into int32, with no saturation, so
+// the sums are the header's integers exactly. Q4: the nibbles are the unsigned bytes and x the signed ones.
+// Q8_0 has signed bytes on both sides, so x comes biased to unsigned (xb = xq + 128, QuantizedRows::biased)
+// and 128 times each column's weight sum (one more vpdpbusd per vector, shared by all rows) is taken off.
+template <int64_t Q, int R, int V>
+inline void tile_sums_vnni(const uint8_t* q, int64_t c0, const uint8_t* const* xb, __m512i (&sums)[R][V]) {
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) sums[r][v] = _mm512_setzero_si512();
+  const auto row4 = [](const uint8_t* p) {
+    int32_t x4;
+    std::memcpy(&x4, p, 4);
+    return _mm512_set1_epi32(x4);
+  };
+  if constexpr (Q == kQ8_0) {
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512i wsum[V];
+    for (int v = 0; v < V; ++v) wsum[v] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int64_t j = 0; j < kBlock / 4; ++j) {
+      __m512i w[V];
+      for (int v = 0; v < V; ++v) {
+        w[v] = _mm512_loadu_si512(q + (j * kCols + c0 + 16 * v) * 4);
+        wsum[v] = _mm512_dpbusd_epi32(wsum[v], ones, w[v]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i x = row4(xb[r] + 4 * j);
+        for (int v = 0; v < V; ++v) sums[r][v] = _mm512_dpbusd_epi32(sums[r][v], x, w[v]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) sums[r][v] = _mm512_sub_epi32(sums[r][v], _mm512_slli_epi32(wsum[v], 7));
+  } else {
+    const __m512i low = _mm512_set1_epi8(15);
+#pragma GCC unroll 1
+    for (int64_t j = 0; j < kBlock / 8; ++j) {
+      __m512i lo[V], hi[V];
+      for (int v = 0; v < V; ++v) {
+        const __m512i w = _mm512_loadu_si512(q + (j * kCols + c0 + 16 * v) * 4);
+        lo[v] = _mm512_and_si512(w, low);
+        hi[v] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i x0 = row4(xb[r] + 8 * j), x1 = row4(xb[r] + 8 * j + 4);
+        for (int v = 0; v < V; ++v)
+          sums[r][v] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sums[r][v], lo[v], x0), hi[v], x1);
+      }
+    }
+  }
+}
+
+// Rows 0 .. R - 1 (the chunk's quantized rows from `row`) times one group of NB tiles, 16V columns a pass;
+// the scaling is block_q8's (and the scalar code's), vector for vector.
+template <int64_t Q, int R, int V>
+void block_q8_vnni(const QuantizedRows& x, int64_t row, int64_t K, const uint8_t* group, const uint8_t* next,
+                   float* out, int64_t n, int64_t ncols) {
+  constexpr int64_t kPass = 16 * V;
+  const int64_t NB = K / kBlock, tb = tile_bytes(Q), passes = (ncols + kPass - 1) / kPass;
+  const uint8_t* rows = Q == kQ8_0 ? x.biased.data() : reinterpret_cast<const uint8_t*>(x.q.data());
+  for (int64_t c0 = 0; c0 < ncols; c0 += kPass) {
+    __m512 acc[R][V];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < NB; ++b) {
+      const uint8_t* tile = group + b * tb;
+      if (c0 == 0)  // the first pass streams the group: ask for the tiles ahead of it (a hint)
+        for (int64_t line = 0; line < tb; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(tile) + kAheadTiles * tb + line, _MM_HINT_T0);
+      prefetch_tile_part(next, b, tb, c0 / kPass, passes);
+      const uint8_t* xb[R];
+      for (int r = 0; r < R; ++r) xb[r] = rows + (row + r) * K + b * kBlock;
+      __m512i sums[R][V];
+      tile_sums_vnni<Q, R, V>(tile + scales_bytes(Q), c0, xb, sums);
+      __m512 d[V], m[V];
+      for (int v = 0; v < V; ++v) {
+        d[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 2 * (c0 + 16 * v))));
+        if constexpr (Q == kQ4_1)
+          m[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 2 * (kCols + c0 + 16 * v))));
+      }
+      for (int r = 0; r < R; ++r) {
+        const int64_t i = (row + r) * NB + b;
+        const __m512 dx = _mm512_set1_ps(x.dx[i]);
+        for (int v = 0; v < V; ++v) {
+          __m512i s = sums[r][v];
+          if constexpr (Q == kQ4_0) s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * x.s[i]));
+          acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d[v], dx), acc[r][v]);
+          if constexpr (Q == kQ4_1)
+            acc[r][v] = _mm512_fmadd_ps(m[v], _mm512_set1_ps(x.dx[i] * static_cast<float>(x.s[i])), acc[r][v]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V && c0 + 16 * v < ncols; ++v) {
+        const int64_t left = std::min<int64_t>(16, ncols - c0 - 16 * v);
+        _mm512_mask_storeu_ps(out + r * n + c0 + 16 * v, static_cast<__mmask16>((1u << left) - 1), acc[r][v]);
+      }
+  }
+}
+
+// one row: 64 columns a pass (the group streams once); more: 32, so 4 rows' sums and sums fit 32 registers
+template <int64_t Q>
+constexpr Q8Fn<Q> kQ8Blocks[kQ8Rows + 1] = {nullptr, block_q8_vnni<Q, 1, 4>, block_q8_vnni<Q, 2, 4>,
+                                            block_q8_vnni<Q, 3, 2>, block_q8_vnni<Q, 4, 2>};
+#elif defined(__AVX2__)
 // One tile's integer sums for 8 columns c0 .. c0 + 7 and rows 0 .. R - 1, with the AVX2 byte multiply-add:
 // vpmaddubsw multiplies unsigned weight bytes by signed activation bytes and adds adjacent pairs to int16,
 // which cannot overflow here (Q4: 8 products of at most 15 x 127 per lane; Q8_0: 2 of 128 x 127).
-#if defined(__AVX2__)
 #define BATCHLM_Q8_VECTOR 1
 template <int64_t Q, int R>
 inline void tile_sums(const uint8_t* q, int64_t c0, const int8_t* const* xq, __m256i (&sums)[R]) {
@@ -154,9 +268,6 @@ void block_q8(const QuantizedRows& x, int64_t row, int64_t K, const uint8_t* gro
 }
 
 template <int64_t Q>
-using Q8Fn = void (*)(const QuantizedRows&, int64_t, int64_t, const uint8_t*, const uint8_t*, float*, int64_t,
-                      int64_t);
-template <int64_t Q>
 constexpr Q8Fn<Q> kQ8Blocks[kQ8Rows + 1] = {nullptr, block_q8<Q, 1>, block_q8<Q, 2>, block_q8<Q, 3>,
                                             block_q8<Q, 4>};
 #endif
@@ -231,7 +342,12 @@ at::Tensor linear_q8(const at::Tensor& x_in, const at::Tensor& packed, int64_t q
   if (T == 0) return out;
   if (K == 0) return out.zero_();
   const at::Tensor x = x_in.contiguous();
-  const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), T, K);
+#ifdef BATCHLM_Q8_VNNI
+  const bool biased = qtype == kQ8_0;
+#else
+  const bool biased = false;
+#endif
+  const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), T, K, biased);
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   switch (qtype) {
