@@ -48,26 +48,71 @@ struct QuantizedRows {
   std::vector<int32_t> s;  // (T, NB)
 };
 
+// One block of 32 values of x -> its xq (and xq + 128 if `biased`), dx and s: the header's operations, with
+// vectors where there are (the maximum is the same in any order, x * inv is one float multiply, and the
+// conversions round to nearest even as nearbyint does in the default rounding mode), so the same values.
+inline void quantize_block(const float* xb, int8_t* q, uint8_t* biased, float* dx, int32_t* s) {
+#if defined(__AVX512F__)
+  const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+  const float a = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+  const __m512 inv = _mm512_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+  const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
+  const __m128i b0 = _mm512_cvtepi32_epi8(i0), b1 = _mm512_cvtepi32_epi8(i1);  // |xq| <= 127: no truncation
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), b0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), b1);
+  if (biased != nullptr) {  // xq + 128 as a byte: xq with its top bit flipped
+    const __m128i top = _mm_set1_epi8(static_cast<char>(0x80));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(biased), _mm_xor_si128(b0, top));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(biased + 16), _mm_xor_si128(b1, top));
+  }
+  *s = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+#elif defined(__AVX2__)
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 x[4], m = _mm256_setzero_ps();
+  for (int v = 0; v < 4; ++v) {
+    x[v] = _mm256_loadu_ps(xb + 8 * v);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, x[v]));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  const float a = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+  const __m256 inv = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+  __m256i i[4];
+  for (int v = 0; v < 4; ++v) i[v] = _mm256_cvtps_epi32(_mm256_mul_ps(x[v], inv));
+  // packs interleave the 128-bit lanes: 32-bit groups come out as 0 2 4 6 1 3 5 7; the permute puts them back
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+  const __m256i b = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
+  if (biased != nullptr)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(biased), _mm256_xor_si256(b, _mm256_set1_epi8(static_cast<char>(0x80))));
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+  *s = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1)));
+#else
+  float a = 0.0f;
+  for (int64_t k = 0; k < kBlock; ++k) a = std::max(a, std::fabs(xb[k]));
+  const float inv = a > 0.0f ? 127.0f / a : 0.0f;
+  int32_t sum = 0;
+  for (int64_t k = 0; k < kBlock; ++k) {
+    const int32_t v = static_cast<int32_t>(std::nearbyint(xb[k] * inv));
+    q[k] = static_cast<int8_t>(v);
+    if (biased != nullptr) biased[k] = static_cast<uint8_t>(v + 128);
+    sum += v;
+  }
+  *s = sum;
+#endif
+  *dx = a / 127.0f;
+}
+
 QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, bool biased) {
   const int64_t NB = K / kBlock;
   QuantizedRows r{std::vector<int8_t>(T * K), std::vector<uint8_t>(biased ? T * K : 0), std::vector<float>(T * NB),
                   std::vector<int32_t>(T * NB)};
-  at::parallel_for(0, T * NB, 64, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float* xb = x + i * kBlock;
-      float a = 0.0f;
-      for (int64_t k = 0; k < kBlock; ++k) a = std::max(a, std::fabs(xb[k]));
-      const float inv = a > 0.0f ? 127.0f / a : 0.0f;
-      int32_t s = 0;
-      for (int64_t k = 0; k < kBlock; ++k) {
-        const int32_t v = static_cast<int32_t>(std::nearbyint(xb[k] * inv));
-        r.q[i * kBlock + k] = static_cast<int8_t>(v);
-        if (biased) r.biased[i * kBlock + k] = static_cast<uint8_t>(v + 128);
-        s += v;
-      }
-      r.dx[i] = a / 127.0f;
-      r.s[i] = s;
-    }
+  at::parallel_for(0, T * NB, 256, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      quantize_block(x + i * kBlock, r.q.data() + i * kBlock, biased ? r.biased.data() + i * kBlock : nullptr,
+                     &r.dx[i], &r.s[i]);
   });
   return r;
 }
