@@ -22,9 +22,9 @@
 // then, b ascending from acc = 0: acc = fma(float(i), d * dx, acc), and for Q4_1 acc = fma(m, dx * s, acc).
 // The vector code and the scalar code do these operations, so they give the same bits.
 //
-// Why: an int8 multiply-add (vpmaddubsw) does 32 products where a float32 FMA does 8, and the Q4 nibbles
-// are used as they are, with no conversion to float per weight. This is how llama.cpp multiplies its
-// quantized files on CPUs.
+// Why: an int8 multiply-add does 32 products (AVX2 vpmaddubsw) or 64 (AVX-512 VNNI vpdpbusd) where a
+// float32 FMA does 8 or 16, and the Q4 nibbles are used as they are, with no conversion to float per
+// weight. This is how llama.cpp multiplies its quantized files on CPUs.
 
 #include <torch/library.h>
 
