@@ -45,8 +45,8 @@ bench-peers: setup
 	.venv/bin/batchlm-bench peers $(PEERS_ARGS)
 
 # Served vs served: continuous_batching through Triton and the OpenAI frontend, llama.cpp's llama-server on
-# the Q4_1 file and a Q8_0 one, OpenVINO GenAI (in process) on a float32 IR and on the GGUF file, at 1, 8 and
-# 32 streams (~15 min on 2 cores): results/peers_served/. Installs the `peers-served` extra, builds
+# the Q4_1 file and a Q8_0 one, OpenVINO GenAI (in process) on a float32 IR and on the GGUF file, and the
+# project's engine in process beside it, at 1, 8 and 32 streams (~15 min on 2 cores): results/peers_served/. Installs the `peers-served` extra, builds
 # llama-server once (~10-20 min) and installs optimum-intel apart (docs/benchmarking.md, "Served vs served").
 # PEERS_SERVED_ARGS="--servers triton,llama-q4_1" to run fewer.
 bench-peers-served: setup

@@ -55,3 +55,23 @@ def test_the_int8_tier_serves_the_default_model_through_triton(tmp_path):
     [row] = doc["rows"]
     assert (row["server"], row["streams"], row["status"]) == ("triton-int8", 2, "ok")
     assert row["stats"]["requests"] == 3 and row["stats"]["output_tokens"] == 12 and row["peak_rss_mib"] > 0
+
+
+def test_the_in_process_engine_rows_run_the_same_workload_without_a_server(tmp_path):
+    """engine, engine-int8: the project's LLMEngine in a process of its own, driven as OpenVINO's rows are,
+    every request answered in full; the exact tier's greedy tokens are transformers'. (On the tiny model's
+    Hugging Face folder int8 has no kept blocks and runs float32: its kernel is tested elsewhere.)"""
+    sizes = [a if a != "triton,openai" else "engine,engine-int8" for a in SIZES]
+    proc = subprocess.run([sys.executable, "-m", "batchlm.bench", "peers-served", *sizes, "--model",
+                           str(TINY_MODEL_DIR), "--out", str(tmp_path)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "peers_served.json").read_text())
+    assert [(r["server"], r["streams"], r["status"]) for r in doc["rows"]] == [("engine", 2, "ok"),
+                                                                              ("engine-int8", 2, "ok")]
+    for row in doc["rows"]:
+        stats = row["stats"]
+        assert stats["requests"] == 3 and stats["output_tokens"] == 12 and stats["output_tok_per_s"] > 0, row
+        assert 0 < stats["ttft_p50_s"] <= stats["ttft_p99_s"] and row["peak_rss_mib"] > 0, row
+    assert doc["rows"][0]["agreement"] == [2, 2]
+    assert "| LLMEngine in process, no server | 2 |" in (tmp_path / "peers_served.md").read_text()

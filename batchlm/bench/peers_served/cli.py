@@ -1,9 +1,9 @@
 """Served vs served: the project's `continuous_batching` next to llama.cpp's server and OpenVINO GenAI, each
 through its own API, on one workload, at 1, 8 and 32 concurrent streams, one server at a time.
 
-    batchlm-bench peers-served [--servers triton,openai,triton-int8,llama-q4_1,llama-q8_0,openvino-ir-f32,
-                                openvino-ir,openvino-gguf] [--concurrency 1,8,32] [--num-requests 8,32,64]
-                               [--max-tokens 128] [--out results/peers_served]
+    batchlm-bench peers-served [--servers triton,openai,triton-int8,engine,engine-int8,llama-q4_1,llama-q8_0,
+                                openvino-ir-f32,openvino-ir,openvino-gguf] [--concurrency 1,8,32]
+                               [--num-requests 8,32,64] [--max-tokens 128] [--out results/peers_served]
     make bench-peers-served    (installs the `peers-served` extra, builds llama-server once; ~15 min on 2 cores)
 
 The workload (batchlm.bench.peers_served.workload): the prompts of batchlm/bench/chat_prompts.jsonl whose
@@ -19,6 +19,10 @@ same sequence. Every server gets a warm-up request before each run. The servers:
               (`ignore_eos`), on the same start as triton's run.
 - triton-int8: as triton, on a server of its own whose copy of the config also sets `activations` "int8"
               (the fast tier: batchlm::linear_q8).
+- engine, engine-int8: this project's LLMEngine in process, no server (batchlm.bench.peers_served.engine_case),
+              float32 or int8 activations, `continuous_batching`'s defaults with max_num_seqs = the largest
+              concurrency and --threads threads, driven as OpenVINO's rows are (below): what the engine
+              does without serving, and the row to set beside OpenVINO's.
 - llama-q4_1: llama.cpp's own `llama-server` (scripts/build_llama_server.sh builds it from the llama.cpp
               that llama-cpp-python 0.3.36 vendors) on the checkpoint's GGUF file, its native `/completion`
               (`ignore_eos`, `top_k` 1, `return_tokens`), `-t`/`-tb` --threads, `--parallel` = the
@@ -39,8 +43,8 @@ still run.
 Per server and concurrency: output tok/s (all output tokens / first request sent to last answer done),
 TTFT p50/p99 (request sent to its first streamed output), TPOT p50/p99 (per request: (done - first
 output) / (tokens - 1)), peak RSS (the server's processes summed, sampled every 0.2 s during the run:
-tritonserver and the model's stub, plus the frontend for openai; llama-server; OpenVINO's process, the
-clients included) and greedy agreement with transformers: `generate` (float32, EOS ignored) on the same
+tritonserver and the model's stub, plus the frontend for openai; llama-server; the in-process engines'
+processes, the clients included) and greedy agreement with transformers: `generate` (float32, EOS ignored) on the same
 checkpoint gives the first --agreement-tokens tokens of the first --agreement-prompts prompts; a prompt
 agrees when the server's answer to it in that run begins with them (token ids where the API returns them,
 else the text). Then the ratios: `continuous_batching` through Triton over each server, output tok/s, per
@@ -131,8 +135,10 @@ def run_server(name: str, args: argparse.Namespace, plan: measure.Plan) -> list[
             gguf = q8_0_file(converted(args.model)[1])
             return measure.measure_llama(name, gguf, plan, args.prompt_tokens_max, tuple(args.llama_args.split()))
         gguf = args.model if args.model.is_file() else converted(args.model)[1]
+        if SERVERS[name].family == "engine":
+            return measure.measure_in_process(name, "engine", args.model, plan)
         source = gguf if name == "openvino-gguf" else float32_ir(converted(args.model)[0])
-        return measure.measure_openvino(name, source, plan)
+        return measure.measure_in_process(name, "openvino", source, plan)
     except IrUnavailable as exc:
         return [ServedRow(name, c, status=f"skipped: {exc}") for c in plan.runs]
 

@@ -120,13 +120,18 @@ def measure_llama(server: str, gguf: Path, plan: Plan, max_prompt: int, extra_ar
     return rows
 
 
-def measure_openvino(server: str, model: Path, plan: Plan, timeout: float = 3600.0) -> list[ServedRow]:
-    """OpenVINO GenAI in a process of its own (batchlm.bench.peers_served.openvino_case): one pipeline,
-    every concurrency in turn; its process's peak RSS per run."""
+IN_PROCESS_CASES = {"openvino": "batchlm.bench.peers_served.openvino_case",
+                    "engine": "batchlm.bench.peers_served.engine_case"}  # by Server.family
+
+
+def measure_in_process(server: str, family: str, model: Path, plan: Plan, timeout: float = 3600.0) -> list[ServedRow]:
+    """An engine without a server in a process of its own (`IN_PROCESS_CASES[family]`: OpenVINO GenAI's
+    pipeline, or this project's LLMEngine): one engine, every concurrency in turn; its process's peak RSS
+    per run."""
     with tempfile.TemporaryDirectory() as tmp:
         requests_file, result_file = Path(tmp) / "requests.json", Path(tmp) / "result.json"
         requests_file.write_text(json.dumps({str(c): [asdict(r) for r in reqs] for c, reqs in plan.runs.items()}))
-        cmd = [sys.executable, "-m", "batchlm.bench.peers_served.openvino_case", "--config", server,
+        cmd = [sys.executable, "-m", IN_PROCESS_CASES[family], "--config", server,
                "--model", str(model), "--requests-file", str(requests_file), "--result-file", str(result_file),
                "--threads", str(plan.threads)]
         env = {**os.environ, "OMP_NUM_THREADS": str(plan.threads), "TOKENIZERS_PARALLELISM": "false"}

@@ -15,13 +15,16 @@ EXTRA_HINT = "pip install -e '.[peers-served]' (make bench-peers-served installs
 class Server:
     name: str                  # the --servers key
     label: str                 # the table's
-    family: str                # "triton", "triton-int8", "llama.cpp" or "openvino": how it is started and asked
+    family: str                # "triton", "triton-int8", "engine", "llama.cpp" or "openvino": how it is started
+                               # and asked
 
 
 SERVERS: dict[str, Server] = {s.name: s for s in (
     Server("triton", "continuous_batching, Triton generate_stream", "triton"),
     Server("openai", "continuous_batching, OpenAI frontend /v1/completions", "triton"),
     Server("triton-int8", "continuous_batching, int8 activations, Triton generate_stream", "triton-int8"),
+    Server("engine", "LLMEngine in process, no server", "engine"),
+    Server("engine-int8", "LLMEngine in process, int8 activations, no server", "engine"),
     Server("llama-q4_1", "llama-server, shipped Q4_1 file", "llama.cpp"),
     Server("llama-q8_0", "llama-server, Q8_0 file (llama-quantize)", "llama.cpp"),
     Server("openvino-ir-f32", "OpenVINO GenAI in process, float32 IR, f32 hint", "openvino"),

@@ -1,0 +1,96 @@
+"""This project's LLMEngine in process, with no server: the same closed-loop streams, driven from one loop
+that steps the engine, as OpenVINO GenAI's rows are (openvino_case). Beside OpenVINO's rows it compares the
+two engines on equal terms; beside `continuous_batching`'s served rows it shows what serving costs (the
+Python backend, tritonserver's HTTP stream, the clients on the same cores).
+
+Run in a process of its own by the command (`python -m batchlm.bench.peers_served.engine_case ...`): one
+engine per configuration, with `continuous_batching`'s defaults (EngineConfig's) but max_num_seqs = the
+largest concurrency and --threads threads, every concurrency on it in turn after a warm-up; its result is a
+JSON file of openvino_case's form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+
+from batchlm.bench.peers_served.rss import PeakRss
+from batchlm.bench.peers_served.stats import StreamRecord
+from batchlm.bench.peers_served.workload import ServedRequest
+
+ENGINE_ACTIVATIONS = {"engine": "float32", "engine-int8": "int8"}  # --config: the tier it runs
+
+
+def run_closed_loop(engine, requests: list[ServedRequest], concurrency: int, id_base: int = 0) -> list[StreamRecord]:
+    """`concurrency` requests in flight; a finished one's stream adds its next request before the next step.
+    The engine's request ids are `id_base` + each request's index (unique within one engine)."""
+    from batchlm.engine.sampling import SamplingParams
+
+    pending = deque(requests)
+    in_flight: dict[str, dict] = {}
+    records: dict[int, StreamRecord] = {}
+    t0 = time.perf_counter()
+
+    def admit() -> None:
+        request = pending.popleft()
+        params = SamplingParams(max_tokens=request.max_tokens, ignore_eos=True)  # temperature 0: greedy
+        engine.add_request(str(id_base + request.index), list(request.prompt_ids), params)
+        in_flight[str(id_base + request.index)] = {"index": request.index, "sent": time.perf_counter() - t0,
+                                                    "first": None, "ids": []}
+
+    while pending and len(in_flight) < concurrency:
+        admit()
+    while in_flight:
+        outputs = engine.step()
+        now = time.perf_counter() - t0
+        for out in outputs:
+            state = in_flight[out.request_id]
+            state["ids"] += out.token_ids
+            if state["ids"] and state["first"] is None:
+                state["first"] = now
+            if not out.finished:
+                continue
+            del in_flight[out.request_id]
+            records[state["index"]] = StreamRecord(state["index"], state["sent"], state["first"] or now, now,
+                                                   len(state["ids"]), tuple(state["ids"]))
+            if pending:
+                admit()
+    return [records[r.index] for r in requests]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--config", choices=sorted(ENGINE_ACTIVATIONS), required=True)
+    p.add_argument("--model", type=Path, required=True, help="the checkpoint: a GGUF file or a Hugging Face folder")
+    p.add_argument("--requests-file", type=Path, required=True, help="JSON: {concurrency: [request, ...]}")
+    p.add_argument("--result-file", type=Path, required=True)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    from batchlm.engine.engine import LLMEngine
+    from batchlm.engine.engine_config import EngineConfig
+
+    runs = {int(c): [ServedRequest(**{**r, "prompt_ids": tuple(r["prompt_ids"])}) for r in reqs]
+            for c, reqs in json.loads(args.requests_file.read_text()).items()}
+    start = time.perf_counter()
+    config = EngineConfig(activations=ENGINE_ACTIVATIONS[args.config], max_num_seqs=max(runs),
+                          num_threads=args.threads)
+    engine = LLMEngine(args.model, config)
+    load_s = time.perf_counter() - start
+    warm = next(iter(runs.values()))[0]
+    run_closed_loop(engine, [ServedRequest(0, warm.prompt_ids, warm.text, 8)], 1)
+    results = {}
+    for run, (concurrency, requests) in enumerate(runs.items(), start=1):
+        with PeakRss([os.getpid()]) as rss:
+            records = run_closed_loop(engine, requests, concurrency, id_base=run * 1_000_000)
+        results[concurrency] = {"records": [asdict(r) for r in records], "peak_rss_mib": rss.peak_mib}
+    args.result_file.write_text(json.dumps({"load_s": load_s, "runs": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
