@@ -11,15 +11,11 @@ JSON file of openvino_case's form.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import time
 from collections import deque
-from dataclasses import asdict
 from pathlib import Path
 
-from batchlm.bench.peers_served.rss import PeakRss
+from batchlm.bench.peers_served.in_process import run_case
 from batchlm.bench.peers_served.stats import StreamRecord
 from batchlm.bench.peers_served.workload import ServedRequest
 
@@ -63,33 +59,17 @@ def run_closed_loop(engine, requests: list[ServedRequest], concurrency: int, id_
     return [records[r.index] for r in requests]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--config", choices=sorted(ENGINE_ACTIVATIONS), required=True)
-    p.add_argument("--model", type=Path, required=True, help="the checkpoint: a GGUF file or a Hugging Face folder")
-    p.add_argument("--requests-file", type=Path, required=True, help="JSON: {concurrency: [request, ...]}")
-    p.add_argument("--result-file", type=Path, required=True)
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
+def build(config: str, model: Path, threads: int, max_num_seqs: int):
     from batchlm.engine.engine import LLMEngine
     from batchlm.engine.engine_config import EngineConfig
 
-    runs = {int(c): [ServedRequest(**{**r, "prompt_ids": tuple(r["prompt_ids"])}) for r in reqs]
-            for c, reqs in json.loads(args.requests_file.read_text()).items()}
-    start = time.perf_counter()
-    config = EngineConfig(activations=ENGINE_ACTIVATIONS[args.config], max_num_seqs=max(runs),
-                          num_threads=args.threads)
-    engine = LLMEngine(args.model, config)
-    load_s = time.perf_counter() - start
-    warm = next(iter(runs.values()))[0]
-    run_closed_loop(engine, [ServedRequest(0, warm.prompt_ids, warm.text, 8)], 1)
-    results = {}
-    for run, (concurrency, requests) in enumerate(runs.items(), start=1):
-        with PeakRss([os.getpid()]) as rss:
-            records = run_closed_loop(engine, requests, concurrency, id_base=run * 1_000_000)
-        results[concurrency] = {"records": [asdict(r) for r in records], "peak_rss_mib": rss.peak_mib}
-    args.result_file.write_text(json.dumps({"load_s": load_s, "runs": results}))
-    return 0
+    return LLMEngine(model, EngineConfig(activations=ENGINE_ACTIVATIONS[config], max_num_seqs=max_num_seqs,
+                                         num_threads=threads))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_case(argv, __doc__, ENGINE_ACTIVATIONS, "the checkpoint: a GGUF file or a Hugging Face folder", build,
+                    run_closed_loop)
 
 
 if __name__ == "__main__":

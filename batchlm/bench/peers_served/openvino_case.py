@@ -7,15 +7,12 @@ pipeline per configuration, every concurrency on it in turn, after a warm-up; it
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from batchlm.bench.peers_served.rss import PeakRss
+from batchlm.bench.peers_served.in_process import run_case
 from batchlm.bench.peers_served.stats import StreamRecord
 from batchlm.bench.peers_served.workload import ServedRequest
 
@@ -95,27 +92,9 @@ def run_closed_loop(pipe, requests: list[ServedRequest], concurrency: int, id_ba
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--config", choices=sorted(OPENVINO_CONFIGS), required=True)
-    p.add_argument("--model", type=Path, required=True, help="the GGUF file, or the IR's folder")
-    p.add_argument("--requests-file", type=Path, required=True, help="JSON: {concurrency: [request, ...]}")
-    p.add_argument("--result-file", type=Path, required=True)
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
-    runs = {int(c): [ServedRequest(**{**r, "prompt_ids": tuple(r["prompt_ids"])}) for r in reqs]
-            for c, reqs in json.loads(args.requests_file.read_text()).items()}
-    start = time.perf_counter()
-    pipe = pipeline(args.model, OPENVINO_CONFIGS[args.config], args.threads, max(runs))
-    load_s = time.perf_counter() - start
-    warm = next(iter(runs.values()))[0]
-    run_closed_loop(pipe, [ServedRequest(0, warm.prompt_ids, warm.text, 8)], 1)
-    results = {}
-    for run, (concurrency, requests) in enumerate(runs.items(), start=1):
-        with PeakRss([os.getpid()]) as rss:
-            records = run_closed_loop(pipe, requests, concurrency, id_base=run * 1_000_000)
-        results[concurrency] = {"records": [asdict(r) for r in records], "peak_rss_mib": rss.peak_mib}
-    args.result_file.write_text(json.dumps({"load_s": load_s, "runs": results}))
-    return 0
+    return run_case(argv, __doc__, OPENVINO_CONFIGS, "the GGUF file, or the IR's folder",
+                    lambda config, model, threads, seqs: pipeline(model, OPENVINO_CONFIGS[config], threads, seqs),
+                    run_closed_loop)
 
 
 if __name__ == "__main__":
