@@ -83,8 +83,10 @@ inline void quantize_block(const float* xb, int8_t* q, uint8_t* biased, float* d
   const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
   const __m256i b = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
-  if (biased != nullptr)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(biased), _mm256_xor_si256(b, _mm256_set1_epi8(static_cast<char>(0x80))));
+  if (biased != nullptr) {  // xq + 128 as a byte: xq with its top bit flipped
+    const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(biased), _mm256_xor_si256(b, top));
+  }
   const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
   __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
   t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
@@ -201,7 +203,8 @@ void block_q8_vnni(const QuantizedRows& x, int64_t row, int64_t K, const uint8_t
       for (int v = 0; v < V; ++v) {
         d[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 2 * (c0 + 16 * v))));
         if constexpr (Q == kQ4_1)
-          m[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 2 * (kCols + c0 + 16 * v))));
+          m[v] = _mm512_cvtph_ps(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 2 * (kCols + c0 + 16 * v))));
       }
       for (int r = 0; r < R; ++r) {
         const int64_t i = (row + r) * NB + b;
@@ -223,7 +226,7 @@ void block_q8_vnni(const QuantizedRows& x, int64_t row, int64_t K, const uint8_t
   }
 }
 
-// one row: 64 columns a pass (the group streams once); more: 32, so 4 rows' sums and sums fit 32 registers
+// 1 or 2 rows: 64 columns a pass (the group streams once); 3 or 4: 32, so their int and float sums fit 32 registers
 template <int64_t Q>
 constexpr Q8Fn<Q> kQ8Blocks[kQ8Rows + 1] = {nullptr, block_q8_vnni<Q, 1, 4>, block_q8_vnni<Q, 2, 4>,
                                             block_q8_vnni<Q, 3, 2>, block_q8_vnni<Q, 4, 2>};
