@@ -127,6 +127,8 @@ def run_server(name: str, args: argparse.Namespace, plan: measure.Plan) -> list[
     from batchlm.bench.peers_served.llama_server import q8_0_file
     from batchlm.bench.peers_served.openvino_ir import IrUnavailable, float32_ir
 
+    if SERVERS[name].family == "engine":  # the checkpoint as it is: no conversion
+        return measure.measure_in_process(name, "engine", args.model, plan)
     try:
         if name == "llama-q4_1":
             gguf = args.model if args.model.is_file() else converted(args.model)[1]
@@ -134,10 +136,10 @@ def run_server(name: str, args: argparse.Namespace, plan: measure.Plan) -> list[
         if name == "llama-q8_0":
             gguf = q8_0_file(converted(args.model)[1])
             return measure.measure_llama(name, gguf, plan, args.prompt_tokens_max, tuple(args.llama_args.split()))
-        gguf = args.model if args.model.is_file() else converted(args.model)[1]
-        if SERVERS[name].family == "engine":
-            return measure.measure_in_process(name, "engine", args.model, plan)
-        source = gguf if name == "openvino-gguf" else float32_ir(converted(args.model)[0])
+        if name == "openvino-gguf":
+            source = args.model if args.model.is_file() else converted(args.model)[1]
+        else:
+            source = float32_ir(converted(args.model)[0])
         return measure.measure_in_process(name, "openvino", source, plan)
     except IrUnavailable as exc:
         return [ServedRow(name, c, status=f"skipped: {exc}") for c in plan.runs]
