@@ -1,7 +1,7 @@
 """How close each tier of the engine is to transformers on the same checkpoint (in process, no server).
 
     batchlm-bench agreement [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--prompts 16] [--tokens 64]
-                            [--activations float32,int8]
+                            [--activations float32,int8]   (bfloat16: for a file of BF16 weights)
 
 transformers (float32, eager attention, EOS ignored) continues each of the first `--prompts` chat prompts
 of the served workload (batchlm/bench/chat_prompts.jsonl, 34-42 tokens templated) greedily for `--tokens`
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=64, help="transformers' continuation, per prompt")
-    ap.add_argument("--activations", default="float32,int8", help="comma-separated: float32, int8")
+    ap.add_argument("--activations", default="float32,int8", help="comma-separated: float32, int8, bfloat16")
     args = ap.parse_args(argv)
     from batchlm.bench.peers_served.workload import ServedWorkloadSpec, build_workload
 

@@ -15,7 +15,8 @@ close the linears run to what this CPU's matmul can do. `--linear` picks the pac
 (LlamaForCausalLM.prepack_linears): the batchlm kernel or oneDNN, to compare the two; `--pointwise` the
 element-wise ops (LlamaForCausalLM.set_pointwise): the batchlm kernels or torch's; `--weights` whether a
 GGUF file's quantized tensors stay quantized (batchlm/model/quantized.py) or are dequantized, and
-`--activations int8` multiplies them against int8 activations (batchlm::linear_q8).
+`--activations` int8 or bfloat16 multiplies them against activations rounded to int8 (batchlm::linear_q8)
+or to bfloat16 (BF16 weights, batchlm::linear_bf16).
 `--interfere S` also times each batch size's decode step for S seconds alone and S seconds beside two
 processes that each spin SPIN_S of a core every SPIN_S + SLEEP_S (what a server's and a client's
 wake-ups do to the engine on a shared machine), and prints the two mean step times and their ratio:
@@ -127,8 +128,8 @@ def matmul_peak(dtype: torch.dtype, n: int = 1024) -> float:
     return 2 * n ** 3 / sorted(times)[len(times) // 5] / 1e9
 
 
-LINEAR_OPS = ("batchlm::linear", "batchlm::linear_q", "batchlm::linear_q8", "mkldnn::_linear_pointwise", "aten::addmm",
-              "aten::mm")
+LINEAR_OPS = ("batchlm::linear", "batchlm::linear_bf16", "batchlm::linear_q", "batchlm::linear_q8",
+              "mkldnn::_linear_pointwise", "aten::addmm", "aten::mm")
 ATTENTION_OPS = ("batchlm::paged_attention", "aten::_scaled_dot_product_flash_attention_for_cpu")
 
 
@@ -163,7 +164,8 @@ def main() -> int:
     ap.add_argument("--linear", choices=LINEAR_BACKENDS, default="auto", help="packed matmul")
     ap.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto", help="GGUF quantized tensors kept or not")
     ap.add_argument("--activations", choices=ACTIVATIONS_CHOICES, default="float32",
-                    help="what kept Q4_0/Q4_1/Q8_0 tensors multiply (int8: batchlm::linear_q8)")
+                    help="what kept tensors multiply (int8: Q4_0/Q4_1/Q8_0 by batchlm::linear_q8; bfloat16: BF16 "
+                         "by batchlm::linear_bf16)")
     ap.add_argument("--pointwise", choices=POINTWISE_BACKENDS, default="auto", help="element-wise ops")
     ap.add_argument("--interfere", type=float, default=0, metavar="SECONDS",
                     help="also time decode steps alone and beside two spinning processes, this long each")

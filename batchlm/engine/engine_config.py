@@ -35,9 +35,11 @@ class EngineConfig:
                                           # stored and are multiplied by batchlm::linear_q (float32 CPU
                                           # models; the same bits as "dense" at a fraction of the memory);
                                           # "dense": dequantized at load
-    activations: str = "float32"          # what kept Q4_0/Q4_1/Q8_0 tensors multiply: "float32" (exact),
-                                          # "int8": each row rounded to int8 per block of 32 and multiplied
-                                          # in integers (batchlm::linear_q8, AVX2: faster, not exact)
+    activations: str = "float32"          # what the kept tensors multiply: "float32" (exact); faster, not
+                                          # exact: "int8", Q4_0/Q4_1/Q8_0 against each row rounded to int8
+                                          # per block of 32, in integers (batchlm::linear_q8, AVX2);
+                                          # "bfloat16", BF16 against rows rounded to bfloat16, with the
+                                          # bfloat16 dot product (batchlm::linear_bf16, AVX-512 BF16)
     pointwise: str = "auto"               # RMSNorm, SiLU-and-multiply, RoPE and the KV write: "kernel"
                                           # (native CPU ops, one pass each), "torch" (torch's ops),
                                           # "auto": the kernels where they are built and can run
@@ -69,8 +71,9 @@ class EngineConfig:
             raise InvalidArgument("weights", f"must be one of {WEIGHTS_CHOICES}, got {self.weights!r}")
         if self.activations not in ACTIVATIONS_CHOICES:
             raise InvalidArgument("activations", f"must be one of {ACTIVATIONS_CHOICES}, got {self.activations!r}")
-        if self.activations == "int8" and self.weights == "dense":
-            raise InvalidArgument("activations", "int8 multiplies the file's blocks as stored: needs weights 'auto'")
+        if self.activations != "float32" and self.weights == "dense":
+            raise InvalidArgument("activations", f"{self.activations} multiplies the file's blocks as stored: "
+                                  "needs weights 'auto'")
         if self.pointwise not in POINTWISE_BACKENDS:
             raise InvalidArgument("pointwise", f"must be one of {POINTWISE_BACKENDS}, got {self.pointwise!r}")
         _require_int("num_threads", self.num_threads, minimum=0)

@@ -2,9 +2,9 @@
 
     python -m batchlm.kernels        # build (scripts/setup.sh does this), then load and print the op names
 
-`load()` registers `torch.ops.batchlm.paged_attention`, `.linear`, `.pack_linear`, `.linear_is_native`,
-`.linear_q`, `.pack_linear_q`, `.embedding_q`, `.linear_q_is_native`, `.linear_q8`, `.pack_linear_q8`,
-`.linear_q8_is_native`, `.rms_norm`, `.add_rms_norm`,
+`load()` registers `torch.ops.batchlm.paged_attention`, `.linear`, `.pack_linear`, `.linear_bf16`,
+`.linear_is_native`, `.linear_q`, `.pack_linear_q`, `.embedding_q`, `.linear_q_is_native`, `.linear_q8`,
+`.pack_linear_q8`, `.embedding_q8`, `.linear_q8_is_native`, `.rms_norm`, `.add_rms_norm`,
 `.silu_mul` and `.rope_write_kv` (see paged_attention.cpp, linear.cpp, linear_quant.cpp, linear_int8.cpp and
 pointwise.cpp for their contracts) if the library was built for this exact
 source, torch version, compiler flags and CPU; it never compiles, so a server process never waits on a

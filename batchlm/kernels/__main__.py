@@ -18,9 +18,8 @@ def main() -> int:
         print(f"batchlm kernels: built {path} but it does not load", file=sys.stderr)
         return 1
     print(f"batchlm kernels: {path.name} (torch.ops.batchlm: paged_attention, linear, pack_linear, "
-          "linear_is_native, linear_q, pack_linear_q, embedding_q, linear_q_is_native, linear_q8, pack_linear_q8, "
-          "linear_q8_is_native, rms_norm, add_rms_norm, "
-          "silu_mul, rope_write_kv)")
+          "linear_bf16, linear_is_native, linear_q, pack_linear_q, embedding_q, linear_q_is_native, linear_q8, "
+          "pack_linear_q8, embedding_q8, linear_q8_is_native, rms_norm, add_rms_norm, silu_mul, rope_write_kv)")
     return 0
 
 

@@ -10,6 +10,10 @@
 //                                      and 2j + 1 (zero past K), pairwise, as the bfloat16 dot product reads them
 //   n        int               N, the output features: 64(G - 1) < N <= 64G
 //   returns  (T, N)            x's dtype
+// linear_bf16(x (T, K) float32, packed (G, K2, 64, 2) bfloat16, n) -> (T, N) float32: the bfloat16 form with
+// x rounded to bfloat16 here (nearest even) and the sums returned in float32, unrounded: the fast tier for a
+// GGUF file's BF16 weights in a float32 model (batchlm/model/quantized.py). Needs AVX-512 BF16 (refused
+// without it).
 // pack_linear(W (N, K)) -> packed, G = ceil(N / 64). linear_is_native(dtype) -> bool: whether this build
 // has the vector code for that dtype (float32: AVX-512, or AVX2 with FMA; bfloat16: AVX-512 BF16). Without
 // it float32 runs a scalar loop with the same sums (correct, slow) and bfloat16 is refused; callers use
@@ -27,7 +31,7 @@
 // Exactness: whatever T is, and whichever register block, chunk, thread or column group computes a row,
 //   float32:  out[t][n] = fma(x[t][K-1], W[n][K-1], ... fma(x[t][0], W[n][0], 0))
 //   bfloat16: acc = 0; for j in 0 .. K2-1: acc = vdpbf16ps(acc, x pair j, W pair j) (k = 2j+1, then 2j, as
-//             the instruction defines); out = acc rounded to bfloat16 once (nearest even)
+//             the instruction defines); out = acc rounded to bfloat16 once (nearest even); linear_bf16: out = acc
 // So a row's bits do not depend on what else is in the call: batch-invariant bit for bit. (oneDNN's
 // matmul does not promise this: its blocking can depend on the row count, so on some CPUs and shapes a
 // row alone differs from the same row among others, in float32 and in bfloat16.)
@@ -35,15 +39,18 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <type_traits>
+
 #include "linear_blocks.h"
 
 namespace {
 
 #ifdef __AVX512BF16__
-// bfloat16: x and w as pairs of bfloat16 in 32-bit words; x rows of K2 pairs, w one group (K2, 64 pairs).
-template <int R>
+// bfloat16: x and w as pairs of bfloat16 in 32-bit words; x rows of K2 pairs, w one group (K2, 64 pairs). O
+// bfloat16 rounds each sum once (linear); float32 stores it as it is (linear_bf16).
+template <typename O, int R>
 void block_bf16(const uint32_t* __restrict x, int64_t K2, const uint32_t* __restrict w, const Prefetch& prefetch,
-                at::BFloat16* __restrict out, int64_t n, int64_t ncols) {
+                O* __restrict out, int64_t n, int64_t ncols) {
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -63,17 +70,27 @@ void block_bf16(const uint32_t* __restrict x, int64_t K2, const uint32_t* __rest
     }
   });
   for (int r = 0; r < R; ++r) {
-    alignas(64) uint16_t tmp[kCols];
-    for (int v = 0; v < 4; ++v)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(tmp + 16 * v), (__m256i)_mm512_cvtneps_pbh(acc[r][v]));
-    std::memcpy(out + r * n, tmp, ncols * sizeof(uint16_t));
+    if constexpr (std::is_same_v<O, float>) {
+      store_cols(out + r * n, acc[r], ncols);
+    } else {
+      alignas(64) uint16_t tmp[kCols];
+      for (int v = 0; v < 4; ++v)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(tmp + 16 * v), (__m256i)_mm512_cvtneps_pbh(acc[r][v]));
+      std::memcpy(out + r * n, tmp, ncols * sizeof(uint16_t));
+    }
   }
 }
-#endif
 
-#ifdef __AVX512BF16__
-constexpr BlockFn<uint32_t, uint32_t, at::BFloat16> kBf16Blocks[kRows + 1] = {
-    nullptr, block_bf16<1>, block_bf16<2>, block_bf16<3>, block_bf16<4>, block_bf16<5>, block_bf16<6>};
+template <typename O>
+constexpr BlockFn<uint32_t, uint32_t, O> kBf16Blocks[kRows + 1] = {
+    nullptr,          block_bf16<O, 1>, block_bf16<O, 2>, block_bf16<O, 3>,
+    block_bf16<O, 4>, block_bf16<O, 5>, block_bf16<O, 6>};
+
+// x's rows as bfloat16 pairs in 32-bit words, K padded to even with a zero (the last k's partner).
+at::Tensor bf16_pairs(const at::Tensor& x) {
+  at::Tensor b = x.to(at::kBFloat16).contiguous();  // float32 rounds to nearest even here
+  return x.size(1) % 2 != 0 ? at::constant_pad_nd(b, {0, 1}) : b;
+}
 #endif
 
 bool linear_is_native(at::ScalarType dtype) {
@@ -108,11 +125,31 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t n) {
     return out;
   }
 #ifdef __AVX512BF16__
-  at::Tensor x = x_in.contiguous();
-  if (K % 2 != 0) x = at::constant_pad_nd(x, {0, 1});  // a zero partner for the last k
+  const at::Tensor x = bf16_pairs(x_in);
   run(reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>()),
       reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>()), out.data_ptr<at::BFloat16>(), T, row, G,
-      n, kBf16Blocks);
+      n, kBf16Blocks<at::BFloat16>);
+#endif
+  return out;
+}
+
+at::Tensor linear_bf16(const at::Tensor& x_in, const at::Tensor& packed, int64_t n) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be a (T, K) float32 tensor");
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && packed.dim() == 4 &&
+                  packed.size(2) == kCols && packed.size(3) == 2,
+              "packed must be pack_linear(W) of a bfloat16 W: contiguous (G, K2, 64, 2) bfloat16");
+  TORCH_CHECK(linear_is_native(at::kBFloat16), "this build has no bfloat16 dot product (needs AVX-512 BF16)");
+  const int64_t T = x_in.size(0), K = x_in.size(1), G = packed.size(0);
+  TORCH_CHECK(packed.size(1) == (K + 1) / 2, "x has ", K, " features, the packed weight ", 2 * packed.size(1));
+  TORCH_CHECK(n > (G - 1) * kCols && n <= G * kCols, "n = ", n, " does not fit ", G, " groups of 64");
+  auto out = at::empty({T, n}, x_in.options());
+  if (T == 0) return out;
+  if (K == 0) return out.zero_();
+#ifdef __AVX512BF16__
+  const at::Tensor x = bf16_pairs(x_in);
+  run(reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>()),
+      reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>()), out.data_ptr<float>(), T, packed.size(1),
+      G, n, kBf16Blocks<float>);
 #endif
   return out;
 }
@@ -136,11 +173,13 @@ at::Tensor pack_linear(const at::Tensor& w) {
 
 TORCH_LIBRARY_FRAGMENT(batchlm, m) {
   m.def("linear(Tensor x, Tensor packed, int n) -> Tensor");
+  m.def("linear_bf16(Tensor x, Tensor packed, int n) -> Tensor");
   m.def("pack_linear(Tensor w) -> Tensor");
   m.def("linear_is_native(ScalarType dtype) -> bool", &linear_is_native);  // no tensors: one kernel for all keys
 }
 
 TORCH_LIBRARY_IMPL(batchlm, CPU, m) {
   m.impl("linear", &linear);
+  m.impl("linear_bf16", &linear_bf16);
   m.impl("pack_linear", &pack_linear);
 }

@@ -10,6 +10,7 @@ LINEAR_BACKENDS = ("auto", "kernel", "onednn")
 POINTWISE_BACKENDS = ("auto", "kernel", "torch")
 # GGUF Q4_0/Q4_1/Q8_0/F16/BF16 tensors kept as stored where they can run, or dequantized (load_model)
 WEIGHTS_CHOICES = ("auto", "dense")
-# what the kept Q4_0/Q4_1/Q8_0 tensors multiply: float32 activations (exact) or activations rounded to int8
-# per block of 32 (batchlm::linear_q8: faster, not exact)
-ACTIVATIONS_CHOICES = ("float32", "int8")
+# what the kept tensors multiply: float32 activations (exact); or, faster and not exact, activations rounded
+# to int8 per block of 32 against Q4_0/Q4_1/Q8_0 (batchlm::linear_q8), or rounded to bfloat16 against BF16
+# (batchlm::linear_bf16)
+ACTIVATIONS_CHOICES = ("float32", "int8", "bfloat16")

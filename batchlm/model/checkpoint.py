@@ -24,7 +24,7 @@ from batchlm.model.gguf_file import GGUFWeights
 from batchlm.model.model import LlamaForCausalLM
 from batchlm.model.model_config import ModelConfig
 from batchlm.model.backends import ACTIVATIONS_CHOICES, WEIGHTS_CHOICES
-from batchlm.model.quantized import can_hold_quantized, load_quantized
+from batchlm.model.quantized import FAST_TYPES, can_hold_quantized, load_quantized
 
 log = logging.getLogger(__name__)
 
@@ -200,14 +200,16 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     `weights` "auto" keeps a GGUF file's Q4_0, Q4_1, Q8_0, F16 and BF16 tensors as stored where they can
     run (batchlm/model/quantized.py: a float32 CPU model, `linear` "auto" or "kernel"); "dense"
     dequantizes every tensor to `dtype`. `activations` "int8" multiplies the kept Q4_0, Q4_1 and Q8_0 tensors
-    against activations rounded to int8 (quantized.py; where it has no vector code, a warning and float32).
+    against activations rounded to int8, "bfloat16" the kept BF16 tensors against activations rounded to
+    bfloat16 (quantized.py; where the kernel has no vector code, a warning and float32).
     """
     if weights not in WEIGHTS_CHOICES:
         raise InvalidArgument("weights", f"must be one of {WEIGHTS_CHOICES}, got {weights!r}")
     if activations not in ACTIVATIONS_CHOICES:
         raise InvalidArgument("activations", f"must be one of {ACTIVATIONS_CHOICES}, got {activations!r}")
-    if activations == "int8" and weights == "dense":
-        raise InvalidArgument("activations", "int8 multiplies the file's blocks as stored: needs weights 'auto'")
+    if activations != "float32" and weights == "dense":
+        raise InvalidArgument("activations", f"{activations} multiplies the file's blocks as stored: needs weights "
+                              "'auto'")
     config = ModelConfig.from_dir(model_dir)
     device = torch.device(device)
     if dtype is None:
@@ -217,9 +219,10 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     if weights == "auto" and linear in ("auto", "kernel") and isinstance(tensors, GGUFWeights) \
             and can_hold_quantized(model):
         load_quantized(model, tensors, activations=activations)
-    elif activations == "int8":  # NOTE: said, not silent: the user asked for a tier this model cannot run
-        log.warning("activations int8 multiplies a GGUF file's kept Q4_0/Q4_1/Q8_0 blocks; %s has none that run "
-                    "here (a float32 CPU model, linear auto or kernel): float32 activations", model_dir)
+    elif activations != "float32":  # NOTE: said, not silent: the user asked for a tier this model cannot run
+        log.warning("activations %s multiplies a GGUF file's kept %s blocks; %s has none that run here (a float32 "
+                    "CPU model, linear auto or kernel): float32 activations", activations,
+                    "/".join(FAST_TYPES[activations]), model_dir)
     model.load_hf_state_dict(tensors)
     if isinstance(tensors, GGUFWeights):
         tensors.unmap()

@@ -62,17 +62,22 @@ class Linear(nn.Module):
     - "auto": the kernel where it has vector code, else oneDNN, else dense.
     `set_packed` instead holds a GGUF file's Q4_0, Q4_1, Q8_0, F16 or BF16 blocks ("quantized":
     batchlm::linear_q, batchlm/kernels/linear_quant.cpp; batchlm/model/quantized.py packs them),
-    bit-identical to "kernel" over the dequantized weight; or, with `int8`, Q4_0, Q4_1 or Q8_0 blocks
-    multiplied against activations rounded to int8 ("int8": batchlm::linear_q8, linear_int8.cpp).
+    bit-identical to "kernel" over the dequantized weight; or Q4_0, Q4_1 or Q8_0 blocks multiplied against
+    activations rounded to int8 ("int8": batchlm::linear_q8, linear_int8.cpp); or BF16 weights multiplied
+    against activations rounded to bfloat16 ("bfloat16": batchlm::linear_bf16, linear.cpp).
     """
+
+    STORED_BACKENDS = ("quantized", "int8", "bfloat16")  # set_packed's: a GGUF file's weights as stored
+    _LAYOUTS = {"float32": "quantized", "int8": "int8", "bfloat16": "bfloat16"}  # set_packed's layout -> backend
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.out_features = out_features
         self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.packed: torch.Tensor | None = None  # the weight in `backend`'s layout once prepacked
-        self.backend = "dense"  # what forward multiplies with: "kernel", "onednn", "quantized", "int8", "dense"
-        self.qtype: str | None = None  # "quantized", "int8": the GGUF type of `packed`
+        self.backend = "dense"  # what forward multiplies with: "kernel", "onednn", STORED_BACKENDS or "dense"
+        self.qtype: str | None = None  # STORED_BACKENDS: the GGUF type of `packed`
+        self.layout: str | None = None  # STORED_BACKENDS: set_packed's layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "kernel":
@@ -81,6 +86,8 @@ class Linear(nn.Module):
             return torch.ops.batchlm.linear_q(x, self.packed, QUANTIZED_TYPES[self.qtype], self.out_features)
         if self.backend == "int8":
             return torch.ops.batchlm.linear_q8(x, self.packed, QUANTIZED_TYPES[self.qtype], self.out_features)
+        if self.backend == "bfloat16":
+            return torch.ops.batchlm.linear_bf16(x, self.packed, self.out_features)
         if x.dtype is torch.float32 or x.shape[0] <= ROWS_PER_CALL:
             return self._matmul(x)  # (T, in) -> (T, out)
         return torch.cat([self._matmul(rows) for rows in x.split(ROWS_PER_CALL)])  # (T, out)
@@ -110,14 +117,16 @@ class Linear(nn.Module):
         self.packed, self.backend, self.weight = packed, "onednn", None
         return True
 
-    def set_packed(self, qtype: str, packed: torch.Tensor, int8: bool = False) -> None:
-        """Hold `packed` (pack_linear_q of this weight's blocks of type `qtype`, or pack_linear_q8 with `int8`);
-        the dense weight is dropped."""
+    def set_packed(self, qtype: str, packed: torch.Tensor, layout: str = "float32") -> None:
+        """Hold `packed`, this weight's blocks of type `qtype` in `layout`: "float32" pack_linear_q's, "int8"
+        pack_linear_q8's, "bfloat16" (a BF16 weight) pack_linear's as bytes; the dense weight is dropped."""
         groups = -(-self.out_features // 64)
-        if packed.dim() != 3 or packed.shape[0] != groups:
+        if layout == "bfloat16":
+            packed = packed.view(torch.bfloat16)  # (G, K / 2, 64, 4) bytes -> (G, K / 2, 64, 2)
+        if packed.dim() != (4 if layout == "bfloat16" else 3) or packed.shape[0] != groups:
             raise ValueError(f"packed {qtype} blocks {tuple(packed.shape)} do not fit {self.out_features} rows")
-        self.packed, self.qtype, self.weight = packed, qtype, None
-        self.backend = "int8" if int8 else "quantized"
+        self.packed, self.qtype, self.layout, self.weight = packed, qtype, layout, None
+        self.backend = self._LAYOUTS[layout]
 
 
 _PACK_FOR_ROWS = 8  # oneDNN picks its blocked layout for this many input rows (a decode batch)
@@ -317,8 +326,8 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def linear_backend(self) -> str:
-        """What lm_head (and so every Linear, packed alike) multiplies with: "kernel", "onednn", "quantized" or
-        "dense"."""
+        """What lm_head (and so every Linear, packed alike) multiplies with: "kernel", "onednn", one of
+        Linear.STORED_BACKENDS or "dense"."""
         return self.lm_head.backend
 
     def weight_plan(self) -> list[tuple[nn.Module, tuple[str, ...]]]:

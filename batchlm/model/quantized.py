@@ -11,8 +11,11 @@ model on the dequantized file, at a fraction of its memory (Q4_1: 5 bits a weigh
 
 With `activations="int8"` the Q4_0, Q4_1 and Q8_0 tensors are packed for batchlm::linear_q8
 (batchlm/kernels/linear_int8.cpp) instead, which rounds each row of activations to int8 per block of 32 and
-multiplies in integers: faster, not exact (docs/benchmarking.md gives its agreement with the exact model),
-still batch-invariant. F16 and BF16 tensors stay on linear_q.
+multiplies in integers; with `activations="bfloat16"` the BF16 tensors are packed for batchlm::linear_bf16
+(batchlm/kernels/linear.cpp), which rounds each activation to bfloat16 and multiplies with the bfloat16 dot
+product. Both are faster, not exact (docs/benchmarking.md gives their agreement with the exact model), and
+still batch-invariant. The other types stay on linear_q: F16 among them, whose 10-bit fractions bfloat16's 7
+would round.
 """
 
 from __future__ import annotations
@@ -29,22 +32,26 @@ from batchlm.model.shared_pack import SharedPack
 
 log = logging.getLogger(__name__)
 
-INT8_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the types batchlm::linear_q8 multiplies
+# activations -> the types its kernel multiplies ("float32": all of QUANTIZED_TYPES, batchlm::linear_q)
+FAST_TYPES = {"int8": ("Q4_0", "Q4_1", "Q8_0"), "bfloat16": ("BF16",)}
 
 
 class QuantizedEmbedding(nn.Module):
     """Token id -> its row of a packed (Linear.set_packed) matrix, dequantized: (T,) -> (T, D) float32. The
-    same values from either layout (`int8`: pack_linear_q8's)."""
+    same values from every layout (`layout`: Linear.set_packed's)."""
 
     weight = None  # no dense table: LlamaForCausalLM.weight_plan skips it
 
-    def __init__(self, packed: torch.Tensor, qtype: str, int8: bool = False) -> None:
+    def __init__(self, packed: torch.Tensor, qtype: str, layout: str = "float32") -> None:
         super().__init__()
-        self.packed, self.qtype = packed, qtype
-        self.lookup = torch.ops.batchlm.embedding_q8 if int8 else torch.ops.batchlm.embedding_q
+        self.packed, self.qtype, self.layout = packed, qtype, layout
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lookup(self.packed, QUANTIZED_TYPES[self.qtype], ids.long())  # (T, D)
+        ids = ids.long()
+        if self.layout == "bfloat16":  # (G, K / 2, 64, 2): row i is column i % 64 of group i // 64
+            return self.packed[ids // 64, :, ids % 64].reshape(ids.shape[0], -1).float()  # (T, D), exact
+        lookup = torch.ops.batchlm.embedding_q8 if self.layout == "int8" else torch.ops.batchlm.embedding_q
+        return lookup(self.packed, QUANTIZED_TYPES[self.qtype], ids)  # (T, D)
 
 
 def can_hold_quantized(model: nn.Module) -> bool:
@@ -61,29 +68,43 @@ def load_quantized(model: nn.Module, weights: GGUFWeights, share: bool = True, a
     With `share`, the packed blocks are written once beside the file (SharedPack) and every process maps
     that copy read-only, so the models of one server hold the weights once in memory.
 
-    `activations` "int8" packs the Q4_0, Q4_1 and Q8_0 tensors for batchlm::linear_q8 (module docstring);
-    where that op has no vector code here it warns and keeps float32 activations."""
+    `activations` "int8" packs the Q4_0, Q4_1 and Q8_0 tensors for batchlm::linear_q8, "bfloat16" the BF16
+    linears for batchlm::linear_bf16 (module docstring); where that op has no vector code here it warns and
+    keeps float32 activations."""
     targets = _targets(model, weights)
     if not targets:  # nothing the file holds in a kept type (an F32 file, say)
         return 0
-    if activations == "int8" and not kernels.linear_q8_is_native():
-        log.warning("activations int8: batchlm::linear_q8 has no vector code here (needs AVX2); using float32")
+    if activations != "float32" and not _fast_is_native(activations):
+        log.warning("activations %s: its kernel has no vector code here (%s); using float32", activations,
+                    "needs AVX2" if activations == "int8" else "needs AVX-512 BF16")
         activations = "float32"
-    int8 = [activations == "int8" and qtype in INT8_TYPES for _, qtype, _ in targets]
-    layouts = ["int8" if i else "float32" for i in int8]
-    packed = SharedPack(weights.path, targets, layouts).load(lambda: _pack(weights, targets, int8)) if share else None
+    layouts = [_layout(module, qtype, activations) for module, qtype, _ in targets]
+    packed = SharedPack(weights.path, targets, layouts).load(lambda: _pack(weights, targets, layouts)) if share \
+        else None
     if packed is None:
-        packed = _pack(weights, targets, int8)
-    for (module, qtype, _), blocks, i in zip(targets, packed, int8):
+        packed = _pack(weights, targets, layouts)
+    for (module, qtype, _), blocks, layout in zip(targets, packed, layouts):
         if isinstance(module, Linear):
-            module.set_packed(qtype, blocks, int8=i)
+            module.set_packed(qtype, blocks, layout)
         else:
-            model.embed_tokens = QuantizedEmbedding(blocks, qtype, int8=i)
-    if model.config.tie_word_embeddings and model.lm_head.backend in ("quantized", "int8"):
-        model.embed_tokens = QuantizedEmbedding(model.lm_head.packed, model.lm_head.qtype,  # the same blocks
-                                                int8=model.lm_head.backend == "int8")
+            model.embed_tokens = QuantizedEmbedding(blocks, qtype, layout)
+    head = model.lm_head
+    if model.config.tie_word_embeddings and head.backend in Linear.STORED_BACKENDS:
+        model.embed_tokens = QuantizedEmbedding(head.packed, head.qtype, head.layout)  # the same blocks
         return len(targets) + 1
     return len(targets)
+
+
+def _fast_is_native(activations: str) -> bool:
+    return kernels.linear_q8_is_native() if activations == "int8" else kernels.linear_is_native(torch.bfloat16)
+
+
+def _layout(module: nn.Module, qtype: str, activations: str) -> str:
+    """Which kernel's layout a target is packed in (Linear.set_packed): its tier's where that multiplies its
+    type, else linear_q's. An untied embedding is only looked up: bfloat16 would not make it faster."""
+    if qtype not in FAST_TYPES.get(activations, ()) or (activations == "bfloat16" and not isinstance(module, Linear)):
+        return "float32"
+    return activations
 
 
 Target = tuple[nn.Module, str, tuple[str, ...]]  # (Linear or the embedding, GGUF type, HF tensor names)
@@ -103,10 +124,14 @@ def _targets(model: nn.Module, weights: GGUFWeights) -> list[Target]:
     return targets
 
 
-def _pack(weights: GGUFWeights, targets: list[Target], int8: list[bool]) -> list[torch.Tensor]:
+def _pack(weights: GGUFWeights, targets: list[Target], layouts: list[str]) -> list[torch.Tensor]:
+    """Each target's blocks in its layout, as bytes (SharedPack stores bytes; set_packed views them)."""
     packed = []
-    for (_, qtype, names), i in zip(targets, int8):
+    for (_, qtype, names), layout in zip(targets, layouts):
         raw = torch.cat([torch.from_numpy(weights.quantized(name)[1]) for name in names])  # (N, blocks' bytes)
-        pack = torch.ops.batchlm.pack_linear_q8 if i else torch.ops.batchlm.pack_linear_q
+        if layout == "bfloat16":  # BF16 rows are the values themselves: linear's bfloat16 pairs
+            packed.append(torch.ops.batchlm.pack_linear(raw.view(torch.bfloat16)).view(torch.uint8))
+            continue
+        pack = torch.ops.batchlm.pack_linear_q8 if layout == "int8" else torch.ops.batchlm.pack_linear_q
         packed.append(pack(raw, QUANTIZED_TYPES[qtype]))
     return packed
