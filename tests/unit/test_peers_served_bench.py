@@ -21,12 +21,13 @@ from batchlm.bench.peers_served.workload import ServedRequest, ServedWorkloadSpe
 from batchlm.paths import DEFAULT_MODEL
 
 
-def test_defaults_are_the_issue_workload_and_every_server_in_order():
+def test_defaults_are_the_issue_workload_and_every_default_server_in_order():
     args = parse_args([])
     assert (args.concurrency, args.num_requests, args.max_tokens) == ([1, 8, 32], [8, 32, 64], 128)
     assert (args.prompt_tokens_min, args.prompt_tokens_max, args.threads) == (34, 42, 2)
     assert (args.agreement_prompts, args.agreement_tokens, args.llama_args) == (8, 32, "--no-repack")
-    assert args.servers == list(SERVERS) and str(args.out) == "results/peers_served"
+    assert args.servers == [s for s in SERVERS if s not in ("triton-bf16", "engine-bf16")]
+    assert str(args.out) == "results/peers_served"
     assert parse_args(["--concurrency", "1,2", "--num-requests", "3"]).num_requests == [3, 3]
 
 
@@ -205,6 +206,10 @@ def test_the_int8_run_gets_its_own_ratios_over_each_server():
     assert "| continuous_batching, Triton generate_stream | 2.00x |" in fast
     assert "\n\n" not in format_ratios(rows[:1] + rows[2:])  # no int8 run, no second table
     assert "6/8" in format_table(rows)
+    with_bf16 = format_ratios(rows + [_row("triton-bf16", 8, 240)]).split("\n\n")
+    assert len(with_bf16) == 3 and with_bf16[2].startswith(
+        "| continuous_batching, bfloat16 activations, Triton generate_stream over | 8 streams |")
+    assert "| llama-server, shipped Q4_1 file | 3.00x |" in with_bf16[2]
 
 
 def test_a_missing_peer_is_skipped_naming_what_provides_it(monkeypatch):

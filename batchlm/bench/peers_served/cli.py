@@ -2,7 +2,8 @@
 through its own API, on one workload, at 1, 8 and 32 concurrent streams, one server at a time.
 
     batchlm-bench peers-served [--servers triton,openai,triton-int8,engine,engine-int8,llama-q4_1,llama-q8_0,
-                                openvino-ir-f32,openvino-ir,openvino-gguf] [--concurrency 1,8,32]
+                                openvino-ir-f32,openvino-ir,openvino-gguf (triton-bf16, engine-bf16)]
+                               [--concurrency 1,8,32]
                                [--num-requests 8,32,64] [--max-tokens 128] [--out results/peers_served]
     make bench-peers-served    (installs the `peers-served` extra, builds llama-server once; ~15 min on 2 cores)
 
@@ -18,9 +19,12 @@ same sequence. Every server gets a warm-up request before each run. The servers:
 - openai:     the same server through the project's OpenAI frontend, `/v1/completions` streamed
               (`ignore_eos`), on the same start as triton's run.
 - triton-int8: as triton, on a server of its own whose copy of the config also sets `activations` "int8"
-              (the fast tier: batchlm::linear_q8).
-- engine, engine-int8: this project's LLMEngine in process, no server (batchlm.bench.peers_served.engine_case),
-              float32 or int8 activations, `continuous_batching`'s defaults with max_num_seqs = the largest
+              (the fast tier of Q4_0/Q4_1/Q8_0 weights: batchlm::linear_q8).
+- triton-bf16: the same with `activations` "bfloat16" (the fast tier of BF16 weights: batchlm::linear_bf16);
+              not in the default list: it is for a --model whose weights are BF16.
+- engine, engine-int8, engine-bf16: this project's LLMEngine in process, no server
+              (batchlm.bench.peers_served.engine_case), float32, int8 or bfloat16 activations (engine-bf16
+              not in the default list), `continuous_batching`'s defaults with max_num_seqs = the largest
               concurrency and --threads threads, driven as OpenVINO's rows are (below): what the engine
               does without serving, and the row to set beside OpenVINO's.
 - llama-q4_1: llama.cpp's own `llama-server` (scripts/build_llama_server.sh builds it from the llama.cpp
@@ -48,8 +52,8 @@ processes, the clients included) and greedy agreement with transformers: `genera
 checkpoint gives the first --agreement-tokens tokens of the first --agreement-prompts prompts; a prompt
 agrees when the server's answer to it in that run begins with them (token ids where the API returns them,
 else the text). Then the ratios: `continuous_batching` through Triton over each server, output tok/s, per
-concurrency, and where triton-int8 ran, the same over it. Writes peers_served.json and peers_served.md under
---out, the servers' logs under --out/logs.
+concurrency, and where triton-int8 or triton-bf16 ran, the same over each. Writes peers_served.json and
+peers_served.md under --out, the servers' logs under --out/logs.
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}")
+    p.add_argument("--servers", default=",".join(s for s in SERVERS if SERVERS[s].default),
+                   help=f"comma-separated, of {', '.join(SERVERS)}")
     p.add_argument("--concurrency", type=_ints, default=[1, 8, 32], help="closed-loop streams, one run each")
     p.add_argument("--num-requests", type=_ints, default=[8, 32, 64],
                    help="requests per concurrency: one value for all, or one per --concurrency")
@@ -176,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if name in triton:
             rows += measure.measure_triton(triton, plan, args.model)
-        elif SERVERS[name].family == "triton-int8":
-            rows += measure.measure_triton([name], plan, args.model, activations="int8")
+        elif SERVERS[name].family == "triton-tier":
+            rows += measure.measure_triton([name], plan, args.model, activations=SERVERS[name].activations)
         else:
             rows += run_server(name, args, plan)
         print(f"{'/'.join(triton) if name in triton else name}: done ({time.perf_counter() - start:.0f} s)", flush=True)

@@ -16,10 +16,12 @@ from collections import deque
 from pathlib import Path
 
 from batchlm.bench.peers_served.in_process import run_case
+from batchlm.bench.peers_served.server import SERVERS
 from batchlm.bench.peers_served.stats import StreamRecord
 from batchlm.bench.peers_served.workload import ServedRequest
 
-ENGINE_ACTIVATIONS = {"engine": "float32", "engine-int8": "int8"}  # --config: the tier it runs
+# --config: the tier it runs
+ENGINE_ACTIVATIONS = {name: s.activations for name, s in SERVERS.items() if s.family == "engine"}
 
 
 def run_closed_loop(engine, requests: list[ServedRequest], concurrency: int, id_base: int = 0) -> list[StreamRecord]:

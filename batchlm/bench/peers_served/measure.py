@@ -74,7 +74,7 @@ def _failed(server: str, streams: int, exc: BaseException) -> ServedRow:
 
 def measure_triton(servers: list[str], plan: Plan, model: Path | None, activations: str = "float32") -> list[ServedRow]:
     """`continuous_batching` at each concurrency on one server start: through Triton's generate_stream
-    ("triton", or "triton-int8" with `activations` "int8") and the OpenAI frontend ("openai"), whichever
+    ("triton", or a fast tier's server with its `activations`) and the OpenAI frontend ("openai"), whichever
     `servers` names, in that order."""
     rows: list[ServedRow] = []
     for streams, requests_ in plan.runs.items():
@@ -82,7 +82,7 @@ def measure_triton(servers: list[str], plan: Plan, model: Path | None, activatio
             with triton_target.serving(plan.out, streams, model, activations) as target:
                 for server in servers:
                     try:
-                        if server in ("triton", "triton-int8"):
+                        if server != "openai":
                             api = HttpApi("triton", target.http_url, triton_target.MODEL)
                             pids = tree_of(target.server_pid)
                         else:

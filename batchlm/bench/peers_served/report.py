@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchlm.bench.peers_served.server import FAST_SUBJECT, SERVERS, SUBJECT
+from batchlm.bench.peers_served.server import FAST_SUBJECTS, SERVERS, SUBJECT
 from batchlm.bench.peers_served.stats import RunStats
 
 
@@ -57,10 +57,10 @@ def format_table(rows: list[ServedRow]) -> str:
 
 def format_ratios(rows: list[ServedRow]) -> str:
     """`continuous_batching` through Triton over each other server, output tok/s, per concurrency; and the
-    same for its int8-activations run where that ran."""
+    same for its fast tiers' runs (int8, bfloat16 activations) where they ran."""
     streams = sorted({r.streams for r in rows})
     tables = []
-    for subject in (SUBJECT, FAST_SUBJECT):
+    for subject in (SUBJECT, *FAST_SUBJECTS):
         if not any(r.server == subject and r.stats is not None for r in rows) and subject != SUBJECT:
             continue
         servers = [s for s in dict.fromkeys(r.server for r in rows) if s != subject]

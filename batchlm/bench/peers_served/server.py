@@ -15,16 +15,22 @@ EXTRA_HINT = "pip install -e '.[peers-served]' (make bench-peers-served installs
 class Server:
     name: str                  # the --servers key
     label: str                 # the table's
-    family: str                # "triton", "triton-int8", "engine", "llama.cpp" or "openvino": how it is started
+    family: str                # "triton", "triton-tier", "engine", "llama.cpp" or "openvino": how it is started
                                # and asked
+    activations: str = "float32"  # triton-tier and engine: the tier the model runs (EngineConfig.activations)
+    default: bool = True       # in --servers' default; the bfloat16 tier's rows are for a file with BF16 weights
 
 
 SERVERS: dict[str, Server] = {s.name: s for s in (
     Server("triton", "continuous_batching, Triton generate_stream", "triton"),
     Server("openai", "continuous_batching, OpenAI frontend /v1/completions", "triton"),
-    Server("triton-int8", "continuous_batching, int8 activations, Triton generate_stream", "triton-int8"),
+    Server("triton-int8", "continuous_batching, int8 activations, Triton generate_stream", "triton-tier", "int8"),
+    Server("triton-bf16", "continuous_batching, bfloat16 activations, Triton generate_stream", "triton-tier",
+           "bfloat16", default=False),
     Server("engine", "LLMEngine in process, no server", "engine"),
-    Server("engine-int8", "LLMEngine in process, int8 activations, no server", "engine"),
+    Server("engine-int8", "LLMEngine in process, int8 activations, no server", "engine", "int8"),
+    Server("engine-bf16", "LLMEngine in process, bfloat16 activations, no server", "engine", "bfloat16",
+           default=False),
     Server("llama-q4_1", "llama-server, shipped Q4_1 file", "llama.cpp"),
     Server("llama-q8_0", "llama-server, Q8_0 file (llama-quantize)", "llama.cpp"),
     Server("openvino-ir-f32", "OpenVINO GenAI in process, float32 IR, f32 hint", "openvino"),
@@ -32,7 +38,7 @@ SERVERS: dict[str, Server] = {s.name: s for s in (
     Server("openvino-gguf", "OpenVINO GenAI in process, the GGUF file read directly, f32 hint", "openvino"),
 )}
 SUBJECT = "triton"  # the ratio columns divide this server's tok/s by each other's
-FAST_SUBJECT = "triton-int8"  # and, where it ran, this one's (the fast tier)
+FAST_SUBJECTS = ("triton-int8", "triton-bf16")  # and, where they ran, these ones' (the fast tiers)
 
 
 def missing(server: Server) -> str | None:
