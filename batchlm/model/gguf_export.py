@@ -161,3 +161,28 @@ def export_hf(path: str | Path, out_dir: str | Path) -> Path:
     os.replace(tmp, out / "model.safetensors")
     manifest.write_text(json.dumps(stamp) + "\n")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m batchlm.model.gguf_export SOURCE OUT [--type BF16]: SOURCE (a Hugging Face Llama folder, or a
+    GGUF file, dequantized as this package reads it) written as a GGUF file whose matrices are of --type."""
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(prog="python -m batchlm.model.gguf_export", description=main.__doc__)
+    ap.add_argument("source", type=Path, help="a Hugging Face Llama folder or a llama GGUF file")
+    ap.add_argument("out", type=Path, help="the GGUF file to write")
+    ap.add_argument("--type", default="BF16", choices=("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"),
+                    help="every matrix's type (norms stay F32)")
+    args = ap.parse_args(argv)
+    if args.source.is_dir():
+        print(write_gguf(args.source, args.out, lambda name: args.type))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="gguf-export-") as folder:
+        hf = export_hf(args.source, Path(folder) / args.source.stem)  # the file's stem: the written name
+        print(write_gguf(hf, args.out, lambda name: args.type))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

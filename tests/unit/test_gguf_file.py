@@ -249,6 +249,24 @@ def test_a_gguf_file_exported_as_a_hugging_face_folder_loads_the_same(small, tmp
     assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
 
 
+def test_the_command_rewrites_a_file_or_a_folder_with_every_matrix_of_one_type(small, tmp_path, capsys):
+    """python -m batchlm.model.gguf_export: from a GGUF file (dequantized first) the same model as BF16, the
+    Q4_1 weights rounded to bfloat16; from a folder, as the writer writes it."""
+    from batchlm.model.gguf_export import main
+
+    folder, files = small
+    assert main([str(files["Q4_1"]), str(tmp_path / "from-file.gguf")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "from-file.gguf")
+    reader = gguf.GGUFReader(tmp_path / "from-file.gguf")
+    assert {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2} == {"BF16"}
+    assert {t.tensor_type.name for t in reader.tensors if len(t.shape) == 1} == {"F32"}
+    want = open_gguf(files["Q4_1"]).weights()
+    got = open_gguf(tmp_path / "from-file.gguf").weights()
+    assert all(torch.equal(got[name], want[name].to(torch.bfloat16).float()) for name in want)
+    assert main([str(folder), str(tmp_path / "from-folder.gguf"), "--type", "Q8_0"]) == 0
+    assert (tmp_path / "from-folder.gguf").read_bytes() == files["Q8_0"].read_bytes()
+
+
 def test_llama3_rope_scaling_comes_as_per_frequency_factors_and_rotates_as_the_folder(tmp_path):
     """llama.cpp's converter writes llama3 RoPE scaling as `rope_freqs.weight` (Llama 3.1 and 3.2 files):
     read into the config, the RoPE tables equal the folder's llama3 ones to float32 rounding."""
