@@ -67,13 +67,15 @@ class PrefetchCursor {  // walks one block's share of Prefetch, iteration by ite
 };
 
 #ifdef __AVX512F__
-inline void store_cols(float* o, const __m512 (&acc)[4], int64_t ncols) {
-  if (ncols == kCols) {
-    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(o + 16 * v, acc[v]);
+// V vectors of sums: 16V columns to o, or the first ncols of them where fewer are left
+template <int V>
+inline void store_cols(float* o, const __m512 (&acc)[V], int64_t ncols) {
+  if (ncols >= 16 * V) {
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(o + 16 * v, acc[v]);
     return;
   }
-  alignas(64) float tmp[kCols];  // the last group of an N that is not a multiple of 64
-  for (int v = 0; v < 4; ++v) _mm512_store_ps(tmp + 16 * v, acc[v]);
+  alignas(64) float tmp[16 * V];  // the last group of an N that is not a multiple of 64
+  for (int v = 0; v < V; ++v) _mm512_store_ps(tmp + 16 * v, acc[v]);
   std::copy(tmp, tmp + ncols, o);
 }
 #else

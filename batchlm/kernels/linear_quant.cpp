@@ -15,16 +15,15 @@
 //   returns  (T, N) float32
 // embedding_q(packed, qtype, ids (T,) int64) -> (T, K) float32: the rows `ids` of W, dequantized.
 //
-// Exactness: a weight is dequantized as the gguf package (and so transformers) reads the file, in float32
-// with one rounding per operation: Q4_0 d * (q - 8), Q4_1 d * q + m (the product rounded, then the sum),
-// Q8_0 q * d; F16 and BF16 widen exactly. Up to kFusedMaxRows rows, a group's weights are dequantized in
-// registers as they are multiplied (block_q); beyond, each tile is dequantized once into an L1 buffer and
-// multiplied by every row of the chunk, 6 rows at a time, their sums carried from tile to tile
-// (tile_block). Either way every output is the same fma chain over k as batchlm::linear over the
-// dequantized W (acc = fma(x[k], w[k], acc) from zero, k ascending): bit-identical to it, and
-// batch-invariant as it is. AVX2 (with FMA and F16C) runs both forms 16 columns at a time (block_q: 32
-// for a single row). Without vector code, a group is dequantized whole into a scratch and multiplied by
-// linear.cpp's blocks (the same chain).
+// Exactness: a weight is dequantized as the gguf package (and so transformers) reads the file, in float32 with one
+// rounding per operation: Q4_0 d * (q - 8), Q4_1 d * q + m (the product rounded, then the sum), Q8_0 q * d; F16 and
+// BF16 widen exactly. Up to kFusedMaxRows rows (8 with AVX-512, 4 with AVX2), a group's weights are dequantized in
+// registers as they are multiplied (block_q); beyond, each tile is dequantized once into an L1 buffer and multiplied by
+// every row of the chunk, 6 rows at a time, their sums carried from tile to tile (tile_block). Either way every output
+// is the same fma chain over k as batchlm::linear over the dequantized W (acc = fma(x[k], w[k], acc) from zero, k
+// ascending): bit-identical to it, and batch-invariant as it is. AVX2 (with FMA and F16C) runs both forms 16 columns at
+// a time (block_q: 32 for a single row). Without vector code, a group is dequantized whole into a scratch and
+// multiplied by linear.cpp's blocks (the same chain).
 //
 // Why: a decode step streams every weight. Q4_1 is 5 bits a weight (Q4_0 4.5, Q8_0 8.5, F16/BF16 16)
 // against float32's 32, so at small batches, where the step waits on memory, it reads a sixth of the
@@ -46,32 +45,36 @@ constexpr int64_t kPrefetchTiles = 8;
 #ifdef __AVX512F__
 // Rows r .. r + R of x (row stride K) times one group of NB tiles, dequantized in registers as they are
 // read: for a few rows this skips the scratch group's store and reload. The sums are block_f32's: acc =
-// fma(x[k], w[k], acc) for k ascending. One pass over the group: its own prefetch ahead keeps memory
-// streaming, and `next` is not needed.
-template <int64_t Q, int R>
+// fma(x[k], w[k], acc) for k ascending. Up to 4 rows, one pass over the group's 64 columns (4 x 4 sums and
+// 8 scales in registers); 5 to 8 rows, two passes of 32 columns (8 x 2 sums), so that each weight is
+// still dequantized once for all the rows, the second pass reading the group from cache. The first
+// pass's own prefetch ahead keeps memory streaming, and `next` is not needed.
+template <int64_t Q, int R, int V = (R <= 4 ? 4 : 2)>
 void block_q(const float* __restrict x, int64_t K, const uint8_t* __restrict group, const uint8_t* /*next*/,
              float* __restrict out, int64_t n, int64_t ncols) {
   const int64_t NB = K / kBlock, tb = tile_bytes(Q);
-  __m512 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < NB; ++b) {
-    const uint8_t* tile = group + b * tb;
-    const TileScales s = tile_scales<Q>(tile);
-    const uint8_t* q = tile + scales_bytes(Q);
-    const float* xb = x + b * kBlock;
-    const char* ahead = reinterpret_cast<const char*>(tile) + kPrefetchTiles * tb;
-    for_each_k<Q>([&](auto hi, int64_t k) {
-      if (64 * k < tb) _mm_prefetch(ahead + 64 * k, _MM_HINT_T0);
-      __m512 w[4];
-      for (int v = 0; v < 4; ++v) w[v] = tile_weights<Q, hi>(q, k, v, s);
-      for (int r = 0; r < R; ++r) {
-        const __m512 xr = _mm512_set1_ps(xb[r * K + k]);
-        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(xr, w[v], acc[r][v]);
-      }
-    });
+  for (int h = 0; h < 4 / V && 16 * V * h < ncols; ++h) {
+    __m512 acc[R][V];
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < NB; ++b) {
+      const uint8_t* tile = group + b * tb;
+      const TileScales s = tile_scales<Q>(tile);
+      const uint8_t* q = tile + scales_bytes(Q);
+      const float* xb = x + b * kBlock;
+      const char* ahead = reinterpret_cast<const char*>(tile) + kPrefetchTiles * tb;
+      for_each_k<Q>([&](auto hi, int64_t k) {
+        if (h == 0 && 64 * k < tb) _mm_prefetch(ahead + 64 * k, _MM_HINT_T0);
+        __m512 w[V];
+        for (int j = 0; j < V; ++j) w[j] = tile_weights<Q, hi>(q, k, V * h + j, s);
+        for (int r = 0; r < R; ++r) {
+          const __m512 xr = _mm512_set1_ps(xb[r * K + k]);
+          for (int j = 0; j < V; ++j) acc[r][j] = _mm512_fmadd_ps(xr, w[j], acc[r][j]);
+        }
+      });
+    }
+    for (int r = 0; r < R; ++r) store_cols<V>(out + r * n + 16 * V * h, acc[r], ncols - 16 * V * h);
   }
-  for (int r = 0; r < R; ++r) store_cols(out + r * n, acc[r], ncols);
 }
 
 // Rows r .. r + R of x (from k = 32b; row stride K) times one dequantized tile s (32, 64), carrying each
@@ -173,16 +176,29 @@ using TileBlockFn = void (*)(const float*, int64_t, const float*, float*, bool);
 constexpr TileBlockFn kTileBlocks[kRows + 1] = {nullptr,       tile_block<1>, tile_block<2>, tile_block<3>,
                                                 tile_block<4>, tile_block<5>, tile_block<6>};
 
-// AVX-512: 16 accumulators + 8 scales + 4 weights + a broadcast, 29 of 32 registers; AVX2: 8 + 4 + 2 + 1 of 16
+// A chunk of up to kFusedMaxRows rows skips the scratch group, kFusedRows at a time. AVX-512: 4 rows x 4
+// vectors of sums + 8 scales + 4 weights + a broadcast (29 of 32 registers), or 8 x 2 + 4 + 2 + 1 (23) in
+// two passes; AVX2: 4 x 2 + 4 + 2 + 1 of 16, so past 4 rows a block would dequantize every weight again.
+#ifdef __AVX512F__
+constexpr int kFusedRows = 8;
+#else
 constexpr int kFusedRows = 4;
-constexpr int64_t kFusedMaxRows = 4;  // a chunk of up to this many rows skips the scratch group
+#endif
+constexpr int64_t kFusedMaxRows = kFusedRows;
 
 template <int64_t Q>
 using FusedFn = void (*)(const float*, int64_t, const uint8_t*, const uint8_t*, float*, int64_t, int64_t);
 
+#ifdef __AVX512F__
+template <int64_t Q>
+constexpr FusedFn<Q> kFused[kFusedRows + 1] = {nullptr,       block_q<Q, 1>, block_q<Q, 2>, block_q<Q, 3>,
+                                                block_q<Q, 4>, block_q<Q, 5>, block_q<Q, 6>, block_q<Q, 7>,
+                                                block_q<Q, 8>};
+#else
 template <int64_t Q>
 constexpr FusedFn<Q> kFused[kFusedRows + 1] = {nullptr, block_q<Q, 1>, block_q<Q, 2>, block_q<Q, 3>,
                                                 block_q<Q, 4>};
+#endif
 #endif
 
 // Rows in chunks of kChunk; in each chunk the threads share out the groups, and each group is dequantized

@@ -25,8 +25,8 @@ from batchlm.model.tokenizer import Tokenizer
 from tests.unit.torch_threads import intra_op_threads
 
 KINDS = tuple(QUANTIZED_TYPES)
-# Row counts that run the in-register blocks (<= 8 rows: 1, 4 + 1, 4 + 4), the scratch group (9 and up,
-# blocks of 6 and a short last one) and more than one chunk of 96 rows.
+# Row counts that run the in-register blocks (AVX-512: up to 4 rows in one pass, 5 to 8 in two; AVX2: up to
+# 4), the L1 tiles (from 9, or 5 with AVX2: blocks of 6 and a short last one) and more than one chunk of 96 rows.
 ROWS = (1, 3, 4, 5, 8, 9, 13, 96, 97, 200)
 PROMPTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog and then", "A"]
 
