@@ -40,6 +40,7 @@
 #include <torch/library.h>
 
 #include <type_traits>
+#include <vector>
 
 #include "linear_blocks.h"
 
@@ -86,10 +87,34 @@ constexpr BlockFn<uint32_t, uint32_t, O> kBf16Blocks[kRows + 1] = {
     nullptr,          block_bf16<O, 1>, block_bf16<O, 2>, block_bf16<O, 3>,
     block_bf16<O, 4>, block_bf16<O, 5>, block_bf16<O, 6>};
 
-// x's rows as bfloat16 pairs in 32-bit words, K padded to even with a zero (the last k's partner).
+// x's bfloat16 rows (T, K) as pairs in 32-bit words, K padded to even with a zero (the last k's partner).
 at::Tensor bf16_pairs(const at::Tensor& x) {
-  at::Tensor b = x.to(at::kBFloat16).contiguous();  // float32 rounds to nearest even here
+  const at::Tensor b = x.contiguous();
   return x.size(1) % 2 != 0 ? at::constant_pad_nd(b, {0, 1}) : b;
+}
+
+// float32 rows (T, K) rounded to bfloat16 as pairs in 32-bit words, (T, ceil(K / 2)), a zero partner for an
+// odd K's last k. The rounding is c10::BFloat16's (nearest even, NaN to 0x7fc0), 16 values a vector; here
+// rather than through x.to(bfloat16), whose dispatch costs more than the rounding for a decode step's rows.
+std::vector<uint32_t> round_bf16_rows(const float* x, int64_t T, int64_t K) {
+  const int64_t K2 = (K + 1) / 2;
+  std::vector<uint32_t> pairs(T * K2, 0);
+  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), nan = _mm512_set1_epi32(0x7fc0);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = x + t * K;
+    uint16_t* o = reinterpret_cast<uint16_t*>(pairs.data() + t * K2);
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      const __m512 v = _mm512_loadu_ps(row + k);
+      const __m512i bits = _mm512_castps_si512(v);
+      const __m512i bias = _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(bits, 16), one));
+      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+      r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + k), _mm512_cvtepi32_epi16(r));
+    }
+    for (; k < K; ++k) o[k] = c10::BFloat16(row[k]).x;
+  }
+  return pairs;
 }
 #endif
 
@@ -146,10 +171,10 @@ at::Tensor linear_bf16(const at::Tensor& x_in, const at::Tensor& packed, int64_t
   if (T == 0) return out;
   if (K == 0) return out.zero_();
 #ifdef __AVX512BF16__
-  const at::Tensor x = bf16_pairs(x_in);
-  run(reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>()),
-      reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>()), out.data_ptr<float>(), T, packed.size(1),
-      G, n, kBf16Blocks<float>);
+  const at::Tensor x = x_in.contiguous();
+  const std::vector<uint32_t> pairs = round_bf16_rows(x.data_ptr<float>(), T, K);
+  run(pairs.data(), reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>()), out.data_ptr<float>(), T,
+      packed.size(1), G, n, kBf16Blocks<float>);
 #endif
   return out;
 }

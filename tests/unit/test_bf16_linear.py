@@ -49,7 +49,8 @@ def test_outputs_are_the_stated_bfloat16_arithmetic_to_the_bit(n, k):
     g = torch.Generator().manual_seed(n + k)
     w = torch.randn(n, k, generator=g).to(torch.bfloat16)
     x = torch.randn(max(ROWS), k, generator=g)
-    x[3, :5] = 1 + 2.0 ** -9  # halfway between two bfloat16 values: rounds to even (1.0)
+    x[3, :5] = 1 + 2.0 ** -8  # halfway between 1 and the next bfloat16 (1 + 2^-7): to even, 1
+    x[4, :5] = -(1 + 3 * 2.0 ** -8)  # halfway between -(1 + 2^-7) and -(1 + 2^-6): to even, -(1 + 2^-6)
     packed = torch.ops.batchlm.pack_linear(w)
     want = stated(x, w)
     for t in ROWS:
