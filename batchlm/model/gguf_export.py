@@ -24,12 +24,16 @@ def _permute_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 
-def write_gguf(model_dir: str | Path, out: str | Path, tensor_type: Callable[[str], str] = lambda name: "F32") -> Path:
+def write_gguf(model_dir: str | Path, out: str | Path, tensor_type: Callable[[str], str] = lambda name: "F32",
+               pre: str = "default") -> Path:
     """Write a Hugging Face Llama folder (a byte-level BPE tokenizer.json) as a llama GGUF file, as
     llama.cpp's converter lays one out: its tensor names, Q and K rows in its RoPE order, the vocabulary,
     merges, special tokens and chat template in the metadata. `tensor_type(gguf_name)` picks each matrix's
     type (a name of SUPPORTED_TYPES that the `gguf` package can quantize: F32, F16, BF16, Q8_0, Q4_0,
-    Q4_1, Q5_0, Q5_1); norms stay F32. Written to a temporary file, then renamed."""
+    Q4_1, Q5_0, Q5_1); norms stay F32. `pre` is the pre-tokenizer's name (`tokenizer.ggml.pre`: a folder
+    does not say which llama.cpp's is; a GGUF file exported with export_hf does). An `eos_token_id` list is
+    written as EOS, then end-of-turn and end-of-message, as gguf_file reads them back. Written to a
+    temporary file, then renamed."""
     import json
 
     import gguf
@@ -72,12 +76,15 @@ def write_gguf(model_dir: str | Path, out: str | Path, tensor_type: Callable[[st
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
     w.add_vocab_size(config["vocab_size"])
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(len(tokens))])
     w.add_token_merges(merges)
-    w.add_bos_token_id(config["bos_token_id"])
-    w.add_eos_token_id(config["eos_token_id"])
+    if config.get("bos_token_id") is not None:
+        w.add_bos_token_id(config["bos_token_id"])
+    eos = config["eos_token_id"] if isinstance(config["eos_token_id"], list) else [config["eos_token_id"]]
+    for add, token in zip((w.add_eos_token_id, w.add_eot_token_id, w.add_eom_token_id), eos):
+        add(token)
     w.add_add_bos_token(bool(tok_cfg.get("add_bos_token", True)))
     template = chat_template_of(root)[0]
     if template:
@@ -180,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="gguf-export-") as folder:
         hf = export_hf(args.source, Path(folder) / args.source.stem)  # the file's stem: the written name
-        print(write_gguf(hf, args.out, lambda name: args.type))
+        pre = open_gguf(args.source).metadata("tokenizer.ggml.pre", "default")
+        print(write_gguf(hf, args.out, lambda name: args.type, pre=pre))
     return 0
 
 

@@ -49,7 +49,8 @@ class QuantizedEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ids = ids.long()
         if self.layout == "bfloat16":  # (G, K / 2, 64, 2): row i is column i % 64 of group i // 64
-            return self.packed[ids // 64, :, ids % 64].reshape(ids.shape[0], -1).float()  # (T, D), exact
+            rows = self.packed[ids // 64, :, ids % 64]  # (T, K / 2, 2)
+            return rows.reshape(ids.shape[0], 2 * self.packed.shape[1]).float()  # (T, D), exact
         lookup = torch.ops.batchlm.embedding_q8 if self.layout == "int8" else torch.ops.batchlm.embedding_q
         return lookup(self.packed, QUANTIZED_TYPES[self.qtype], ids)  # (T, D)
 

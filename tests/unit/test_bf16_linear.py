@@ -104,6 +104,7 @@ def test_a_request_answers_the_same_alone_and_batched(tied):
     exact_model = load_model(tied)
     ids = torch.tensor([511, 0, 64, 5, 5, 130])
     assert torch.equal(model.embed_tokens(ids), exact_model.embed_tokens(ids))  # the file's values, exactly
+    assert model.embed_tokens(ids[:0]).shape == (0, 128)
     config = EngineConfig(num_kv_blocks=64, max_model_len=256, max_num_batched_tokens=64, activations="bfloat16")
     params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=2)
     together = engine(tied, config).generate(PROMPTS, [params] * len(PROMPTS))

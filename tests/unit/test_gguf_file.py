@@ -267,6 +267,25 @@ def test_the_command_rewrites_a_file_or_a_folder_with_every_matrix_of_one_type(s
     assert (tmp_path / "from-folder.gguf").read_bytes() == files["Q8_0"].read_bytes()
 
 
+def test_a_rewritten_file_keeps_its_pre_tokenizer_and_every_end_token(small, tmp_path):
+    """What the folder in between cannot say: the file's `tokenizer.ggml.pre` (SmolLM2's `smollm` splits
+    digits one by one) and its end-of-turn token beside EOS."""
+    from batchlm.model.gguf_export import main
+
+    folder, _ = small
+    config = json.loads((folder / "config.json").read_text())
+    source = tmp_path / "hf"
+    shutil.copytree(folder, source)
+    (source / "config.json").write_text(json.dumps({**config, "eos_token_id": [config["eos_token_id"], 7]}))
+    write_gguf(source, tmp_path / "source.gguf", lambda name: "Q4_1", pre="smollm")
+    assert main([str(tmp_path / "source.gguf"), str(tmp_path / "bf16.gguf")]) == 0
+    rewritten, original = open_gguf(tmp_path / "bf16.gguf"), open_gguf(tmp_path / "source.gguf")
+    assert rewritten.metadata("tokenizer.ggml.pre") == "smollm"
+    assert rewritten.eos_token_ids == original.eos_token_ids == (config["eos_token_id"], 7)
+    assert Tokenizer.from_dir(tmp_path / "bf16.gguf").encode("year 2024") == \
+        Tokenizer.from_dir(tmp_path / "source.gguf").encode("year 2024")
+
+
 def test_llama3_rope_scaling_comes_as_per_frequency_factors_and_rotates_as_the_folder(tmp_path):
     """llama.cpp's converter writes llama3 RoPE scaling as `rope_freqs.weight` (Llama 3.1 and 3.2 files):
     read into the config, the RoPE tables equal the folder's llama3 ones to float32 rounding."""
