@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from batchlm.errors import InvalidArgument
-from batchlm.model.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS, WEIGHTS_CHOICES, \
-    ACTIVATIONS_CHOICES
+from batchlm.model.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS, POINTWISE_BACKENDS, check_weights
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -67,13 +66,7 @@ class EngineConfig:
             raise InvalidArgument("attention", f"must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
         if self.linear not in LINEAR_BACKENDS:
             raise InvalidArgument("linear", f"must be one of {LINEAR_BACKENDS}, got {self.linear!r}")
-        if self.weights not in WEIGHTS_CHOICES:
-            raise InvalidArgument("weights", f"must be one of {WEIGHTS_CHOICES}, got {self.weights!r}")
-        if self.activations not in ACTIVATIONS_CHOICES:
-            raise InvalidArgument("activations", f"must be one of {ACTIVATIONS_CHOICES}, got {self.activations!r}")
-        if self.activations != "float32" and self.weights == "dense":
-            raise InvalidArgument("activations", f"{self.activations} multiplies the file's blocks as stored: "
-                                  "needs weights 'auto'")
+        check_weights(self.weights, self.activations)
         if self.pointwise not in POINTWISE_BACKENDS:
             raise InvalidArgument("pointwise", f"must be one of {POINTWISE_BACKENDS}, got {self.pointwise!r}")
         _require_int("num_threads", self.num_threads, minimum=0)

@@ -87,12 +87,6 @@ constexpr BlockFn<uint32_t, uint32_t, O> kBf16Blocks[kRows + 1] = {
     nullptr,          block_bf16<O, 1>, block_bf16<O, 2>, block_bf16<O, 3>,
     block_bf16<O, 4>, block_bf16<O, 5>, block_bf16<O, 6>};
 
-// x's bfloat16 rows (T, K) as pairs in 32-bit words, K padded to even with a zero (the last k's partner).
-at::Tensor bf16_pairs(const at::Tensor& x) {
-  const at::Tensor b = x.contiguous();
-  return x.size(1) % 2 != 0 ? at::constant_pad_nd(b, {0, 1}) : b;
-}
-
 // float32 rows (T, K) rounded to bfloat16 as pairs in 32-bit words, (T, ceil(K / 2)), a zero partner for an
 // odd K's last k. The rounding is c10::BFloat16's (nearest even, NaN to 0x7fc0), 16 values a vector; here
 // rather than through x.to(bfloat16), whose dispatch costs more than the rounding for a decode step's rows.
@@ -150,7 +144,8 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t n) {
     return out;
   }
 #ifdef __AVX512BF16__
-  const at::Tensor x = bf16_pairs(x_in);
+  at::Tensor x = x_in.contiguous();
+  if (K % 2 != 0) x = at::constant_pad_nd(x, {0, 1});  // a zero partner for the last k
   run(reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>()),
       reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>()), out.data_ptr<at::BFloat16>(), T, row, G,
       n, kBf16Blocks<at::BFloat16>);

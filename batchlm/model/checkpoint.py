@@ -19,11 +19,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from batchlm.errors import InvalidArgument
 from batchlm.model.gguf_file import GGUFWeights
 from batchlm.model.model import LlamaForCausalLM
 from batchlm.model.model_config import ModelConfig
-from batchlm.model.backends import ACTIVATIONS_CHOICES, WEIGHTS_CHOICES
+from batchlm.model.backends import check_weights
 from batchlm.model.quantized import FAST_TYPES, can_hold_quantized, load_quantized
 
 log = logging.getLogger(__name__)
@@ -203,13 +202,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     against activations rounded to int8, "bfloat16" the kept BF16 tensors against activations rounded to
     bfloat16 (quantized.py; where the kernel has no vector code, a warning and float32).
     """
-    if weights not in WEIGHTS_CHOICES:
-        raise InvalidArgument("weights", f"must be one of {WEIGHTS_CHOICES}, got {weights!r}")
-    if activations not in ACTIVATIONS_CHOICES:
-        raise InvalidArgument("activations", f"must be one of {ACTIVATIONS_CHOICES}, got {activations!r}")
-    if activations != "float32" and weights == "dense":
-        raise InvalidArgument("activations", f"{activations} multiplies the file's blocks as stored: needs weights "
-                              "'auto'")
+    check_weights(weights, activations)
     config = ModelConfig.from_dir(model_dir)
     device = torch.device(device)
     if dtype is None:

@@ -69,6 +69,7 @@ class Linear(nn.Module):
 
     STORED_BACKENDS = ("quantized", "int8", "bfloat16")  # set_packed's: a GGUF file's weights as stored
     _LAYOUTS = {"float32": "quantized", "int8": "int8", "bfloat16": "bfloat16"}  # set_packed's layout -> backend
+    _BACKEND_LAYOUTS = {backend: layout for layout, backend in _LAYOUTS.items()}
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -77,7 +78,6 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None  # the weight in `backend`'s layout once prepacked
         self.backend = "dense"  # what forward multiplies with: "kernel", "onednn", STORED_BACKENDS or "dense"
         self.qtype: str | None = None  # STORED_BACKENDS: the GGUF type of `packed`
-        self.layout: str | None = None  # STORED_BACKENDS: set_packed's layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "kernel":
@@ -96,6 +96,11 @@ class Linear(nn.Module):
         if self.backend == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")  # (T, out)
         return F.linear(x, self.weight)  # (T, in) -> (T, out)
+
+    @property
+    def layout(self) -> str | None:
+        """STORED_BACKENDS: the layout set_packed took (None otherwise)."""
+        return self._BACKEND_LAYOUTS.get(self.backend)
 
     def prepack(self, backend: str = "auto") -> bool:
         """Switch to a packed weight ("auto", "kernel" or "onednn", see the class); True if it did.
@@ -125,7 +130,7 @@ class Linear(nn.Module):
             packed = packed.view(torch.bfloat16)  # (G, K / 2, 64, 4) bytes -> (G, K / 2, 64, 2)
         if packed.dim() != (4 if layout == "bfloat16" else 3) or packed.shape[0] != groups:
             raise ValueError(f"packed {qtype} blocks {tuple(packed.shape)} do not fit {self.out_features} rows")
-        self.packed, self.qtype, self.layout, self.weight = packed, qtype, layout, None
+        self.packed, self.qtype, self.weight = packed, qtype, None
         self.backend = self._LAYOUTS[layout]
 
 
